@@ -1,0 +1,1 @@
+'''flashrt_ros runtime: state arena, capsules, graphs, policies and engine (no rclpy).'''
