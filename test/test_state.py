@@ -101,7 +101,7 @@ def test_bad_specs_refused():
         StateArena([BufferSpec('x', (1,), torch.float32, 'kv')] * 2, 'cpu')
     with pytest.raises(InvalidConfig, match='one capacity'):
         StateArena([BufferSpec('k', (4, 2), torch.float32, 'kv', 'append'),
-                     BufferSpec('v', (8, 2), torch.float32, 'kv', 'append')], 'cpu')
+                    BufferSpec('v', (8, 2), torch.float32, 'kv', 'append')], 'cpu')
     a = make_arena()
     with pytest.raises(InvalidConfig, match='outside'):
         a.read_live(65, torch.empty(a.total_nbytes, dtype=torch.uint8))
