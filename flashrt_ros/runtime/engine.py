@@ -1,0 +1,370 @@
+'''PolicyEngine: the committed step boundary, capsule operations and the rollback ring.
+
+One lock serialises step() and every capsule operation, so an operation always sees the state
+between two steps. Host mirrors of the meta counters (step_index, episode, position) are
+updated deterministically from what each operation did; the step path never reads the device.
+'''
+
+from collections import deque
+from dataclasses import dataclass, replace
+import math
+import threading
+import time
+
+import torch
+
+from .capsule import Capsule, CapsuleStore, Manifest, check_compatible
+from .errors import (CapacityExceeded, CapsuleExists, InvalidConfig, InvalidObservation,
+                     RollbackUnavailable)
+from .graph import StepGraph
+from .state import BufferSpec, KINDS, META_EPISODE, META_STEP, StateArena
+
+
+@dataclass
+class OpResult:
+    ok: bool
+    message: str
+    manifest: Manifest | None
+    latency_us: float
+    step: int
+
+
+class _Timer:
+    '''Device-timed latency: CUDA events on GPU, perf_counter on CPU.'''
+
+    def __init__(self, device):
+        self.cuda = device.type == 'cuda'
+
+    def __enter__(self):
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()
+            self.us = self._start.elapsed_time(self._end) * 1000.0
+        else:
+            self.us = (time.perf_counter() - self._t0) * 1e6
+        return False
+
+
+class RollbackRing:
+    '''depth slots of the static block; slot (meta step % depth) holds the PRE-step block.
+
+    Invariant: the pre-step state of step s lives in slot s % depth until step s + depth
+    overwrites it. Append buffers need no copy: a step only writes row `position`, so the prefix
+    before an older position is unchanged, and the position itself is in the static block.
+    '''
+
+    def __init__(self, arena, depth):
+        if depth < 1:
+            raise InvalidConfig(f'rollback_depth must be >= 1, got {depth}')
+        self.depth = int(depth)
+        self.static = arena.static_block()                          # uint8 [static_nbytes]
+        self.slots = torch.zeros(self.depth, self.static.numel(), dtype=torch.uint8,
+                                 device=arena.storage.device)       # [depth, static_nbytes]
+        self.step_view = arena['meta'][META_STEP:META_STEP + 1]     # int64 [1]
+
+    def record(self):
+        # Device-side slot index and index_copy_: no host sync, so it rides inside the graph.
+        self.slots.index_copy_(0, self.step_view % self.depth, self.static.unsqueeze(0))
+
+    def restore(self, step):
+        '''Put back the pre-step static block of step `step` (the caller checks availability).'''
+        self.static.copy_(self.slots[step % self.depth])
+
+
+class PolicyEngine:
+    '''Owns policy, arena, step graph, capsule store and rollback ring.'''
+
+    def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
+                 device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
+                 debug=False):
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device)
+        self.debug = debug
+        specs = list(policy.state_specs())
+        if any(s.name == 'meta' or s.kind == 'meta' for s in specs):
+            raise InvalidConfig('policies must not declare meta buffers; the engine adds them')
+        specs.append(BufferSpec('meta', (4,), torch.int64, 'meta'))   # step, episode, pos, -
+        self.arena = StateArena(specs, self.device)
+        self.meta = self.arena['meta']
+        self.policy.bind(self.arena.views)
+        self.store = CapsuleStore(self.device, device_budget, host_budget, capsule_dir)
+        self.ring = RollbackRing(self.arena, rollback_depth)
+        self.model_digest = policy.model_digest()
+        self.obs_dim, self.act_dim = int(policy.obs_dim), int(policy.act_dim)
+        # Inputs and outputs are static buffers outside the state: not part of any capsule.
+        self.obs_buf = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
+        self.act_buf = torch.zeros(self.act_dim, dtype=torch.float32, device=self.device)
+        self._advances = self.arena.capacity > 0     # history policies move position each step
+        self._lock = threading.Lock()
+        self._latencies = deque(maxlen=1024)
+        self._snap_count = 0
+        self._lineage = ''          # capsule the live state descends from (manifest.parent)
+        self.rejected_observations = 0
+        self.episode = 0
+        self._reinit(episode=0)
+        self._ptrs = {n: v.data_ptr() for n, v in self.arena.views.items()}
+
+        # Same step function on every device: captured on CUDA, called eagerly on CPU.
+        enabled = bool(cuda_graph) and self.device.type == 'cuda'
+        self.graph = StepGraph(self._step_fn, self.device, enabled, state=self.arena.storage,
+                               check=self.arena.views if debug else None)
+        self.graph_captured = self.graph.captured
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def _step_fn(self):
+        self.ring.record()
+        self.policy.step(self.obs_buf, self.act_buf)
+        self.meta[META_STEP:META_STEP + 1].add_(1)
+
+    def _reinit(self, episode):
+        '''Initial state: zeros, the policy's own initial values, meta = [0, episode, 0, 0].'''
+        self.arena.zero_()
+        self.policy.reset_state()
+        self.meta[META_EPISODE] = episode
+        self.step_index, self.episode, self.position = 0, episode, 0
+        self.rollback_available = 0
+        self._lineage = ''
+
+    def _to_obs(self, obs, rows=None):
+        '''Validate on the host before anything on the device is touched.'''
+        try:
+            t = torch.as_tensor(obs).detach().to('cpu', torch.float32)
+        except Exception as e:
+            raise InvalidObservation(f'observation is not numeric: {e}') from e
+        want = (self.obs_dim,) if rows is None else (rows, self.obs_dim)
+        if tuple(t.shape) != want:
+            raise InvalidObservation(
+                f'observation has shape {tuple(t.shape)}, expected {want} (obs_dim '
+                f'{self.obs_dim})')
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            idx = bad.nonzero()[0].tolist()
+            raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
+        return t
+
+    def step(self, obs):
+        '''Committed boundary: obs [obs_dim] -> action (CPU float32 [act_dim]).
+
+        Refuses (InvalidObservation, CapacityExceeded) before touching the state.
+        '''
+        with self._lock:
+            try:
+                t = self._to_obs(obs)
+            except InvalidObservation:
+                self.rejected_observations += 1
+                raise
+            if self._advances and self.position >= self.arena.capacity:
+                raise CapacityExceeded(
+                    f'history is full ({self.arena.capacity} positions); reset the episode, '
+                    'restore or roll back')
+            with _Timer(self.device) as timer:
+                self.obs_buf.copy_(t)
+                self.graph.replay()
+                action = self.act_buf.to('cpu', copy=True)
+            self._latencies.append(timer.us)
+            self.step_index += 1
+            self.position += int(self._advances)
+            self.rollback_available = min(self.rollback_available + 1, self.ring.depth)
+            self._check()
+            return action
+
+    def prefill(self, observations):
+        '''Feed [T, obs_dim] observations into the history (eager); ring is cleared.'''
+        with self._lock:
+            rows = len(observations) if hasattr(observations, '__len__') else -1
+            t = self._to_obs(observations, rows=rows)
+            if not self._advances:
+                raise InvalidConfig(f'policy kind {self.policy.kind!r} has no history to prefill')
+            if self.position + rows > self.arena.capacity:
+                raise CapacityExceeded(
+                    f'prefill of {rows} positions at position {self.position} exceeds the '
+                    f'capacity {self.arena.capacity}')
+            self.policy.prefill(t.to(self.device))
+            self.position += rows
+            self.rollback_available = 0   # ring slots are indexed by step, prefill is not one
+            self._check()
+
+    def step_latency_us(self):
+        '''(p50, p99) over recent steps; NaN before the first step.'''
+        if not self._latencies:
+            return math.nan, math.nan
+        xs = sorted(self._latencies)
+        return xs[len(xs) // 2], xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+
+    def _check(self):
+        '''Debug mode: addresses never move and host mirrors match the device counters.'''
+        if not self.debug:
+            return
+        for n, v in self.arena.views.items():
+            assert v.data_ptr() == self._ptrs[n], f'buffer {n} moved'
+        meta = self.meta.tolist()
+        assert meta[:3] == [self.step_index, self.episode, self.position], (meta, self.step_index)
+
+    # -- capsule operations (all between steps, under the lock) --------------------------------
+
+    def _result(self, message, manifest, us):
+        return OpResult(True, message, manifest, us, self.step_index)
+
+    def _take(self, name, overwrite, pin):
+        if not name:
+            self._snap_count += 1
+            name = f'snap-{self.step_index}-{self._snap_count}'
+        self.store.validate_name(name)
+        if name in self.store and not overwrite:
+            raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
+        with _Timer(self.device) as timer:
+            data = torch.empty(self.arena.live_nbytes(self.position), dtype=torch.uint8,
+                               device=self.device)
+            self.arena.read_live(self.position, data)
+        # No checksum here: it would cost a device->host read on the hot path. It is computed
+        # when the capsule is written to disk and checked on every read from disk.
+        m = Manifest(name=name, parent=self._lineage, tier='device', pinned=bool(pin),
+                     step=self.step_index, episode=self.episode, position=self.position,
+                     nbytes=data.numel(), schema_digest=self.arena.schema_digest,
+                     model_digest=self.model_digest, created=time.time())
+        self.store.put(Capsule(m, data), overwrite=overwrite)
+        return replace(m), timer.us
+
+    def snapshot(self, name='', overwrite=False, pin=False):
+        '''Copy the live bytes into a new capsule (one copy). The live state is not changed.'''
+        with self._lock:
+            m, us = self._take(name, overwrite, pin)
+            return self._result(f'snapshot {m.name!r}: {m.nbytes} bytes at step {m.step}',
+                                m, us)
+
+    def _restore(self, name, kinds=None):
+        m = self.store.get(name).manifest
+        check_compatible(m, self.arena.schema_digest, self.model_digest)
+        if kinds is not None:
+            kinds = set(kinds)
+            unknown = kinds - set(KINDS)
+            if unknown:
+                raise InvalidConfig(f'unknown kinds {sorted(unknown)}; kinds are {KINDS}')
+            names = [n for n, s in self.arena.specs.items() if s.kind in kinds]
+            if not names:
+                raise InvalidConfig(f'the state has no buffers of kinds {sorted(kinds)}')
+        data = self.store.data_on(name, self.device)   # may read disk: before any write
+        with _Timer(self.device) as timer:
+            if kinds is None:
+                self.arena.write_live(m.position, data)
+            else:
+                views = self.arena.unpack(data, m.position)
+                for n in names:
+                    dst = self.arena[n]
+                    if self.arena.specs[n].growth == 'append':
+                        dst = dst[:m.position]
+                    dst.copy_(views[n])
+        if kinds is None or 'meta' in kinds:
+            self.step_index, self.episode, self.position = m.step, m.episode, m.position
+        self.rollback_available = 0
+        self._lineage = name
+        self._check()
+        return replace(m), timer.us
+
+    def restore(self, name, kinds=None):
+        '''Make the live bytes equal the capsule's (kinds: only buffers of those kinds).
+
+        Runs between steps; does not reallocate; refusals leave the live state unchanged.
+        '''
+        with self._lock:
+            m, us = self._restore(name, kinds)
+            what = 'all buffers' if kinds is None else f'kinds {sorted(set(kinds))}'
+            return self._result(f'restored {name!r} ({what}) to step {m.step}', m, us)
+
+    def fork(self, source, target, overwrite=False):
+        '''Copy capsule `source` (or the live state when source is '') to a new name.
+
+        The copy owns its bytes: deleting or overwriting either leaves the other intact.
+        '''
+        with self._lock:
+            if not source:
+                m, us = self._take(target, overwrite, pin=False)
+                return self._result(f'forked live state to {target!r}', m, us)
+            self.store.validate_name(target)
+            src = self.store.get(source).manifest
+            if target in self.store and not overwrite:
+                raise CapsuleExists(f'capsule {target!r} exists; pass overwrite to replace it')
+            with _Timer(self.device) as timer:
+                data = self.store.data_on(source, self.device).clone()
+            m = replace(src, name=target, parent=source, tier='device', pinned=False,
+                        checksum='', created=time.time())
+            self.store.put(Capsule(m, data), overwrite=overwrite)
+            return self._result(f'forked {source!r} to {target!r}', replace(m), timer.us)
+
+    def rollback(self, steps):
+        '''Restore the state of `steps` committed steps ago (1 <= steps <= rollback_available).
+
+        Copies only the static block; append buffers keep their (unchanged) prefix.
+        '''
+        with self._lock:
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+                raise RollbackUnavailable(f'rollback needs a whole number of steps >= 1, '
+                                          f'got {steps!r}')
+            if steps > self.rollback_available:
+                raise RollbackUnavailable(
+                    f'cannot roll back {steps} steps: {self.rollback_available} available '
+                    f'(ring depth {self.ring.depth}; cleared by restore, reset and prefill)')
+            target = self.step_index - steps
+            with _Timer(self.device) as timer:
+                self.ring.restore(target)
+            self.step_index = target
+            self.position -= steps * int(self._advances)
+            self.rollback_available -= steps
+            self._check()
+            return self._result(f'rolled back {steps} steps to step {target}', None, timer.us)
+
+    def delete(self, name):
+        '''Remove a capsule from the store; the live state is not touched.'''
+        with self._lock:
+            m = replace(self.store.get(name).manifest)
+            self.store.delete(name)
+            return self._result(f'deleted {name!r}', m, 0.0)
+
+    def save(self, name, path=''):
+        '''Write a capsule file atomically under the capsule directory; message holds the path.'''
+        with self._lock:
+            t0 = time.perf_counter()
+            full, size = self.store.save(name, path)
+            us = (time.perf_counter() - t0) * 1e6
+            m = replace(self.store.get(name).manifest)
+            return self._result(f'saved {name!r} to {full} ({size} bytes)', m, us)
+
+    def load(self, path, name='', overwrite=False):
+        '''Read a capsule file into the store after checking checksum, schema and model.
+
+        The live state is not touched (restore it to make it live), so the ring stays valid.
+        '''
+        with self._lock:
+            t0 = time.perf_counter()
+            m = self.store.load(path, name, overwrite, schema_digest=self.arena.schema_digest,
+                                model_digest=self.model_digest)
+            us = (time.perf_counter() - t0) * 1e6
+            return self._result(f'loaded {m.name!r} from {path}', m, us)
+
+    def reset_episode(self):
+        '''Restore 'episode_start' if present, else the initial state; then episode += 1.'''
+        with self._lock:
+            episode = self.episode + 1
+            t0 = time.perf_counter()
+            if 'episode_start' in self.store:
+                m, _ = self._restore('episode_start')
+            else:
+                m = None
+                self._reinit(episode)
+            self.meta[META_EPISODE] = episode
+            self.episode = episode
+            self.rollback_available = 0
+            self._check()
+            us = (time.perf_counter() - t0) * 1e6
+            source = "'episode_start'" if m else 'the initial state'
+            return self._result(f'episode {episode} started from {source}', m, us)
