@@ -8,11 +8,13 @@ Disk format: a safetensors file with one tensor 'state' (uint8 [nbytes]) and met
 '''
 
 from dataclasses import asdict, dataclass, replace
+import functools
 import hashlib
 import json
 import os
 import re
 import tempfile
+import threading
 
 import torch
 from safetensors import safe_open
@@ -134,6 +136,14 @@ def read_file(path):
     return manifest, data
 
 
+def _locked(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class CapsuleStore:
     '''Capsules by name, with a byte budget per memory tier and LRU demotion.
 
@@ -151,6 +161,9 @@ class CapsuleStore:
         self._tick = 0
         # Pinned host memory speeds up device<->host copies but needs CUDA.
         self._pin = torch.cuda.is_available()
+        # The engine serialises its own calls; this lock covers readers such as a ROS
+        # list_capsules callback running on another executor thread.
+        self._lock = threading.RLock()
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -171,10 +184,12 @@ class CapsuleStore:
                    if c.manifest.tier == tier and n != skip)
 
     @property
+    @_locked
     def device_bytes_used(self):
         return self._bytes_in('device')
 
     @property
+    @_locked
     def host_bytes_used(self):
         return self._bytes_in('host')
 
@@ -184,6 +199,7 @@ class CapsuleStore:
     def __contains__(self, name):
         return name in self._capsules
 
+    @_locked
     def get(self, name):
         '''The capsule (touches LRU order). UnknownCapsule if absent.'''
         self.validate_name(name)
@@ -193,10 +209,12 @@ class CapsuleStore:
         self._touch(name)
         return self._capsules[name]
 
+    @_locked
     def list(self):
         '''Copies of every manifest, sorted by name.'''
         return [replace(self._capsules[n].manifest) for n in sorted(self._capsules)]
 
+    @_locked
     def delete(self, name):
         '''Remove a capsule and its spill file (files written by save() are kept).'''
         capsule = self.get(name)
@@ -241,15 +259,17 @@ class CapsuleStore:
         capsule = self._capsules[name]
         m = capsule.manifest
         if m.tier == 'device':
-            host = capsule.data.to('cpu')
-            if self._pin and not host.is_pinned():
-                host = host.pin_memory()
+            # Straight into pinned memory when CUDA exists: one copy, and later host->device
+            # restores can run asynchronously.
+            host = torch.empty(m.nbytes, dtype=torch.uint8, pin_memory=self._pin)
+            host.copy_(capsule.data)
             self._capsules[name] = Capsule(replace(m, tier='host'), host)
         else:
             path = os.path.join(self.directory, '.spill', f'{name}.safetensors')
             digest = write_file(path, m, capsule.data)
             self._capsules[name] = Capsule(replace(m, tier='disk', checksum=digest), None, path)
 
+    @_locked
     def put(self, capsule, overwrite=False):
         '''Add a capsule in its manifest's tier, demoting LRU unpinned capsules one tier down.
 
@@ -271,6 +291,7 @@ class CapsuleStore:
         self._capsules[m.name] = capsule
         self._touch(m.name)
 
+    @_locked
     def data_on(self, name, device):
         '''The capsule's bytes on `device`; read from disk (checksum verified) if needed.'''
         capsule = self.get(name)
@@ -295,6 +316,7 @@ class CapsuleStore:
                 f'{self.directory!r}')
         return full
 
+    @_locked
     def save(self, name, path=''):
         '''Write capsule `name` atomically; returns (absolute path, bytes of the file).'''
         capsule = self.get(name)
@@ -304,6 +326,7 @@ class CapsuleStore:
         capsule.manifest.checksum = digest
         return full, os.path.getsize(full)
 
+    @_locked
     def load(self, path, name='', overwrite=False, schema_digest=None, model_digest=None):
         '''Read, verify and put a capsule file into the device tier; returns its Manifest.
 

@@ -333,7 +333,7 @@ class PolicyEngine:
     def save(self, name, path=''):
         '''Write a capsule file atomically under the capsule directory; message holds the path.'''
         with self._lock:
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()   # disk I/O is host work: wall time, not device events
             full, size = self.store.save(name, path)
             us = (time.perf_counter() - t0) * 1e6
             m = replace(self.store.get(name).manifest)
@@ -355,16 +355,15 @@ class PolicyEngine:
         '''Restore 'episode_start' if present, else the initial state; then episode += 1.'''
         with self._lock:
             episode = self.episode + 1
-            t0 = time.perf_counter()
-            if 'episode_start' in self.store:
-                m, _ = self._restore('episode_start')
-            else:
-                m = None
-                self._reinit(episode)
-            self.meta[META_EPISODE] = episode
+            with _Timer(self.device) as timer:
+                if 'episode_start' in self.store:
+                    m, _ = self._restore('episode_start')
+                else:
+                    m = None
+                    self._reinit(episode)
+                self.meta[META_EPISODE] = episode
             self.episode = episode
             self.rollback_available = 0
             self._check()
-            us = (time.perf_counter() - t0) * 1e6
             source = "'episode_start'" if m else 'the initial state'
-            return self._result(f'episode {episode} started from {source}', m, us)
+            return self._result(f'episode {episode} started from {source}', m, timer.us)
