@@ -1,0 +1,349 @@
+'''Policies on CPU: state specs, in-place deterministic steps, prefill, chunk playout, masking,
+the counter-based sampler, rsl_rl TorchScript / state_dict loading and the model digest.'''
+
+import pytest
+import torch
+import torch.nn as nn
+
+from flashrt_ros.runtime.errors import CapacityExceeded, InvalidConfig
+from flashrt_ros.runtime.policies import gaussian_noise, HistoryPolicy, linear_scan, make_policy
+from flashrt_ros.runtime.state import BufferSpec, KINDS, META_POSITION, StateArena
+
+OBS, ACT = 12, 4
+REC = dict(rnn_hidden_dim=32, actor_hidden_dims=(32, 16))
+HIST = dict(d_model=32, n_layers=4, heads=4, capacity=64, chunk=4)
+
+
+def bind(policy):
+    '''Allocate the policy's state in a StateArena (plus meta), bind and reset it.'''
+    meta = BufferSpec('meta', (4,), torch.int64, 'meta')
+    arena = StateArena(policy.state_specs() + [meta], 'cpu')
+    policy.bind(arena.views)
+    policy.reset_state()
+    return arena.views
+
+
+def run(policy, observations):
+    '''Step through observations [T, OBS]; returns actions [T, ACT].'''
+    action = torch.zeros(ACT)
+    out = []
+    for obs in observations:
+        policy.step(obs, action)
+        out.append(action.clone())
+    return torch.stack(out) if out else torch.zeros(0, ACT)
+
+
+def clone_state(views):
+    return {name: view.clone() for name, view in views.items()}
+
+
+def copy_state(views, saved):
+    for name, view in views.items():
+        view.copy_(saved[name])
+
+
+POLICIES = [('recurrent', dict(REC)), ('recurrent', dict(REC, rnn_type='gru', noise_std=0.2)),
+            ('history', dict(HIST)), ('history', dict(HIST, noise_std=0.2))]
+
+
+@pytest.mark.parametrize('kind,sizes', POLICIES)
+def test_specs_are_well_formed(kind, sizes):
+    policy = make_policy(kind, OBS, ACT, **sizes)
+    specs = policy.state_specs()
+    names = [s.name for s in specs]
+    assert len(names) == len(set(names)) and 'meta' not in names
+    assert all(s.kind in KINDS and s.growth in ('static', 'append') for s in specs)
+    kinds = {s.kind for s in specs}
+    if kind == 'recurrent':
+        assert policy.capacity == 0 and all(s.growth == 'static' for s in specs)
+        assert kinds == {'recurrent', 'rng'}
+        assert ('cell_state' in names) == (sizes.get('rnn_type', 'lstm') == 'lstm')
+    else:
+        append = [s for s in specs if s.growth == 'append']
+        assert [s.name for s in append] == ['kv'] and append[0].kind == 'kv'
+        assert append[0].shape[0] == policy.capacity == HIST['capacity']
+        assert kinds == {'kv', 'conv', 'recurrent', 'chunk', 'rng'}
+
+
+@pytest.mark.parametrize('kind,sizes', POLICIES)
+def test_step_is_deterministic_and_in_place(kind, sizes):
+    observations = torch.randn(20, OBS, generator=torch.Generator().manual_seed(1))
+    a = make_policy(kind, OBS, ACT, seed=3, **sizes)
+    b = make_policy(kind, OBS, ACT, seed=3, **sizes)
+    views_a, _ = bind(a), bind(b)
+    ptrs = {name: v.data_ptr() for name, v in views_a.items()}
+    before = clone_state(views_a)
+    actions = run(a, observations)
+    assert torch.equal(actions, run(b, observations))
+    assert torch.isfinite(actions).all()
+    assert {name: v.data_ptr() for name, v in a.views.items()} == \
+        {name: ptrs[name] for name in a.views}
+    assert a.meta.data_ptr() == ptrs['meta']
+    # the step wrote its state through the bound views (a copy elsewhere would leave them)
+    changed = [n for n in a.views if not torch.equal(a.views[n], before[n])]
+    assert 'hidden_state' in changed if kind == 'recurrent' else \
+        {'kv', 'conv', 'recurrent', 'chunk'} <= set(changed)
+
+
+@pytest.mark.parametrize('start', [0, 5])
+@pytest.mark.parametrize('noise_std', [0.0, 0.3])
+def test_prefill_matches_stepping(start, noise_std):
+    # T = 11 is not a multiple of chunk 4, so the cursor and the emitted chunk must be
+    # carried exactly; start 5 exercises the masked (offset causal) prefill path
+    observations = torch.randn(start + 11 + 6, OBS, generator=torch.Generator().manual_seed(2))
+    stepped = make_policy('history', OBS, ACT, seed=4, noise_std=noise_std, **HIST)
+    filled = make_policy('history', OBS, ACT, seed=4, noise_std=noise_std, **HIST)
+    vs, vf = bind(stepped), bind(filled)
+    run(stepped, observations[:start + 11])
+    run(filled, observations[:start])
+    filled.prefill(observations[start:start + 11])
+    assert torch.equal(vs['meta'], vf['meta']) and vf['meta'][META_POSITION] == start + 11
+    assert torch.equal(vs['cursor'], vf['cursor']) and torch.equal(vs['rng'], vf['rng'])
+    # float32, but prefill sums in another order (batched matmuls, flash attention, conv1d,
+    # a log-depth scan): per-element differences are ~1e-6 and stay below 1e-4 over 4 layers
+    for name in ('conv', 'recurrent', 'chunk'):
+        torch.testing.assert_close(vf[name], vs[name], atol=1e-4, rtol=1e-4)
+    pos = start + 11
+    torch.testing.assert_close(vf['kv'][:pos], vs['kv'][:pos], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(run(filled, observations[pos:]), run(stepped, observations[pos:]),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_prefill_refuses_beyond_capacity_and_recurrent():
+    policy = make_policy('history', OBS, ACT, **HIST)
+    views = bind(policy)
+    policy.prefill(torch.randn(60, OBS))
+    saved = clone_state(views)
+    with pytest.raises(CapacityExceeded):
+        policy.prefill(torch.randn(5, OBS))
+    assert all(torch.equal(views[n], saved[n]) for n in views)
+    recurrent = make_policy('recurrent', OBS, ACT, **REC)
+    bind(recurrent)
+    with pytest.raises(InvalidConfig):
+        recurrent.prefill(torch.randn(3, OBS))
+
+
+def test_chunk_playout_emits_once_per_chunk():
+    policy = make_policy('history', OBS, ACT, **HIST)
+    views = bind(policy)
+    chunk, action, emitted = HIST['chunk'], torch.zeros(ACT), []
+    for t in range(3 * chunk):
+        previous = views['chunk'].clone()
+        policy.step(torch.randn(OBS), action)
+        emitted.append(not torch.equal(previous, views['chunk']))
+        assert torch.equal(action, views['chunk'][t % chunk])
+        assert int(views['cursor']) == (t + 1) % chunk
+        assert int(views['meta'][META_POSITION]) == t + 1
+    assert emitted == [t % chunk == 0 for t in range(3 * chunk)]
+
+
+def test_masked_positions_do_not_reach_the_output():
+    # what lets a restore copy only the live prefix: rows at and beyond position are dead
+    observations = torch.randn(12, OBS, generator=torch.Generator().manual_seed(5))
+    policy = make_policy('history', OBS, ACT, **HIST)
+    views = bind(policy)
+    run(policy, observations[:7])
+    saved = clone_state(views)
+    clean = run(policy, observations[7:])
+    copy_state(views, saved)
+    views['kv'][7:].copy_(1e3 * torch.randn_like(views['kv'][7:]))
+    assert torch.equal(run(policy, observations[7:]), clean)
+    # and the live rows do matter (the test can fail)
+    copy_state(views, saved)
+    views['kv'][:7].add_(1.0)
+    assert not torch.equal(run(policy, observations[7:]), clean)
+
+
+def test_sampler_is_a_function_of_seed_and_counter():
+    def draw(seed, counter):
+        return gaussian_noise(torch.tensor([seed]), torch.tensor([counter]), 64)
+    assert torch.equal(draw(7, 3), draw(7, 3))
+    assert not torch.equal(draw(7, 3), draw(7, 4))
+    assert not torch.equal(draw(7, 3), draw(8, 3))
+    assert not torch.equal(draw(7, 1 << 32), draw(7, 0))    # the high counter word counts
+    big = gaussian_noise(torch.tensor([1]), torch.tensor([0]), 200_000)
+    assert abs(float(big.mean())) < 0.02 and abs(float(big.std()) - 1) < 0.02
+    assert torch.isfinite(big).all()
+
+
+@pytest.mark.parametrize('kind,sizes', [POLICIES[1], POLICIES[3]])
+def test_restoring_state_reproduces_samples(kind, sizes):
+    observations = torch.randn(15, OBS, generator=torch.Generator().manual_seed(6))
+    policy = make_policy(kind, OBS, ACT, **sizes)
+    views = bind(policy)
+    run(policy, observations[:5])
+    saved = clone_state(views)
+    first = run(policy, observations[5:])
+    copy_state(views, saved)
+    assert torch.equal(run(policy, observations[5:]), first)
+    # without restoring the rng buffer the samples differ: the noise is load-bearing
+    copy_state(views, saved)
+    views['rng'][1] += 1000
+    assert not torch.equal(run(policy, observations[5:]), first)
+
+
+def test_linear_scan_matches_sequential_recurrence():
+    g = torch.Generator().manual_seed(8)
+    a, b, h0 = torch.rand(37, 5, generator=g), torch.randn(37, 5, generator=g), torch.randn(5)
+    h, expected = h0, []
+    for t in range(37):
+        h = a[t] * h + b[t]
+        expected.append(h)
+    torch.testing.assert_close(linear_scan(a, b, h0), torch.stack(expected))
+
+
+# ------------------------------------------------------------ rsl_rl / Isaac Lab formats
+
+class _Normalizer(nn.Module):
+    # rsl_rl EmpiricalNormalization's inference path: (x - _mean) / (_std + eps)
+    def __init__(self, n):
+        super().__init__()
+        self.eps = 1e-2
+        self.register_buffer('_mean', torch.randn(1, n))
+        self.register_buffer('_var', torch.rand(1, n) + 0.5)
+        self.register_buffer('_std', self._var.sqrt())
+        self.register_buffer('count', torch.tensor(100, dtype=torch.long))
+
+    def forward(self, x):
+        return (x - self._mean) / (self._std + self.eps)
+
+
+class _ExportedLSTM(nn.Module):
+    # the layout rsl_rl / Isaac Lab's _TorchPolicyExporter scripts into policy.pt
+    def __init__(self, actor, rnn, normalizer):
+        super().__init__()
+        self.actor, self.rnn, self.normalizer = actor, rnn, normalizer
+        self.register_buffer('hidden_state', torch.zeros(rnn.num_layers, 1, rnn.hidden_size))
+        self.register_buffer('cell_state', torch.zeros(rnn.num_layers, 1, rnn.hidden_size))
+
+    def forward(self, x):
+        x = self.normalizer(x)
+        x, (h, c) = self.rnn(x.unsqueeze(0), (self.hidden_state, self.cell_state))
+        self.hidden_state[:] = h
+        self.cell_state[:] = c
+        return self.actor(x.squeeze(0))
+
+    @torch.jit.export
+    def reset(self):
+        self.hidden_state[:] = 0.0
+        self.cell_state[:] = 0.0
+
+
+class _ExportedGRU(_ExportedLSTM):
+    def forward(self, x):
+        x = self.normalizer(x)
+        x, h = self.rnn(x.unsqueeze(0), self.hidden_state)
+        self.hidden_state[:] = h
+        return self.actor(x.squeeze(0))
+
+
+def _rsl_actor(activation):
+    act = {'elu': nn.ELU, 'tanh': nn.Tanh}[activation]
+    return nn.Sequential(nn.Linear(32, 32), act(), nn.Linear(32, 16), act(), nn.Linear(16, ACT))
+
+
+@pytest.mark.parametrize('rnn_type,layers,normalize,activation', [
+    ('lstm', 1, False, 'elu'), ('lstm', 2, True, 'tanh'), ('gru', 1, True, 'elu')])
+def test_torchscript_policy_round_trip(tmp_path, rnn_type, layers, normalize, activation):
+    torch.manual_seed(9)
+    rnn = (nn.LSTM if rnn_type == 'lstm' else nn.GRU)(OBS, 32, layers)
+    exported_cls = _ExportedLSTM if rnn_type == 'lstm' else _ExportedGRU
+    normalizer = _Normalizer(OBS) if normalize else nn.Identity()
+    exported = torch.jit.script(exported_cls(_rsl_actor(activation), rnn, normalizer))
+    exported.save(str(tmp_path / 'policy.pt'))
+    policy = make_policy('recurrent', OBS, ACT, file=str(tmp_path / 'policy.pt'))
+    assert policy.rnn_type == rnn_type and policy.rnn.num_layers == layers
+    assert policy.normalize == normalize
+    bind(policy)
+    exported.reset()
+    action = torch.zeros(ACT)
+    for obs in torch.randn(50, OBS):
+        # inference as a deployment runs it: without autograd. (With grad on, CPU LSTM takes
+        # the native kernel instead of oneDNN's and differs in the last bit.)
+        with torch.no_grad():
+            expected = exported(obs.unsqueeze(0))                         # [1, A]
+        policy.step(obs, action)
+        # same kernels, same shapes, same op order on the same device: bit for bit
+        assert torch.equal(action, expected.view(-1))
+    assert torch.equal(policy.views['hidden_state'], exported.hidden_state.view(layers, 32))
+
+
+def _rsl_checkpoint(rnn_type='lstm'):
+    torch.manual_seed(10)
+    memory_a = (nn.LSTM if rnn_type == 'lstm' else nn.GRU)(OBS, 32, 1)
+    actor, normalizer = _rsl_actor('elu'), _Normalizer(OBS)
+    sd = {f'memory_a.rnn.{k}': v for k, v in memory_a.state_dict().items()}
+    sd.update({f'actor.{k}': v for k, v in actor.state_dict().items()})
+    sd.update({f'actor_obs_normalizer.{k}': v for k, v in normalizer.state_dict().items()})
+    # critic side of ActorCriticRecurrent: present in the checkpoint, ignored by us
+    sd.update({f'memory_c.rnn.{k}': v.clone() for k, v in memory_a.state_dict().items()})
+    sd.update({'critic.0.weight': torch.randn(32, 32), 'std': torch.ones(ACT)})
+    return {'model_state_dict': sd, 'iter': 100}, (memory_a, actor, normalizer)
+
+
+def test_rsl_rl_state_dict_loading(tmp_path):
+    checkpoint, (rnn, actor, normalizer) = _rsl_checkpoint()
+    torch.save(checkpoint, tmp_path / 'model_100.pt')
+    policy = make_policy('recurrent', OBS, ACT, file=str(tmp_path / 'model_100.pt'))
+    bind(policy)
+    state, action = None, torch.zeros(ACT)
+    for obs in torch.randn(20, OBS):
+        with torch.no_grad():
+            out, state = rnn(normalizer(obs.view(1, 1, OBS)), state)
+            expected = actor(out).view(-1)
+        policy.step(obs, action)
+        assert torch.equal(action, expected)
+    with pytest.raises(InvalidConfig, match='observations'):
+        make_policy('recurrent', OBS + 1, ACT, file=str(tmp_path / 'model_100.pt'))
+
+
+def test_history_weights_round_trip_through_a_file(tmp_path):
+    from safetensors.torch import save_file
+    policy = make_policy('history', OBS, ACT, seed=11, **HIST)
+    save_file(policy.state_dict(), str(tmp_path / 'history.safetensors'))
+    loaded = make_policy('history', OBS, ACT, seed=12, file=str(tmp_path / 'history.safetensors'),
+                         **HIST)
+    assert loaded.model_digest() == policy.model_digest()
+
+
+def test_model_digest_tracks_weights_not_state():
+    a = make_policy('history', OBS, ACT, seed=1, **HIST)
+    b = make_policy('history', OBS, ACT, seed=1, **HIST)
+    assert a.model_digest() == b.model_digest()
+    assert make_policy('history', OBS, ACT, seed=2, **HIST).model_digest() != a.model_digest()
+    bind(a)
+    run(a, torch.randn(5, OBS))
+    assert a.model_digest() == b.model_digest()        # state is not a weight
+    with torch.no_grad():
+        a.blocks[1].mixer.a_bias[0] += 1e-3
+    assert a.model_digest() != b.model_digest()
+    r = make_policy('recurrent', OBS, ACT, **REC)
+    digest = r.model_digest()
+    with torch.no_grad():
+        r.actor[0].weight[0, 0] += 1e-3
+    assert r.model_digest() != digest
+
+
+def test_bad_configuration_is_refused():
+    with pytest.raises(InvalidConfig):
+        make_policy('history', OBS, ACT, d_model=30, heads=4)
+    with pytest.raises(InvalidConfig):
+        make_policy('recurrent', OBS, ACT, no_such_size=3)
+    with pytest.raises(InvalidConfig):
+        make_policy('transformer', OBS, ACT)
+    policy = make_policy('recurrent', OBS, ACT, **REC)
+    views = {s.name: torch.zeros(s.shape, dtype=s.dtype) for s in policy.state_specs()}
+    views['hidden_state'] = torch.zeros(2, 32)
+    views['meta'] = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(InvalidConfig, match='hidden_state'):
+        policy.bind(views)
+
+
+def test_history_sizes_for_the_benchmark_model():
+    # d_model 1024, 16 layers (8 attention + 8 recurrence), MLP ratio 4: about 200M
+    # parameters; built on the meta device so the test allocates nothing
+    with torch.device('meta'):
+        policy = HistoryPolicy(64, 12, d_model=1024, n_layers=16, heads=16, capacity=16384,
+                               chunk=8)
+    n = sum(p.numel() for p in policy.parameters())
+    assert 190e6 < n < 215e6, n
