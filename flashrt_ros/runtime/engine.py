@@ -103,6 +103,11 @@ class PolicyEngine:
         # Inputs and outputs are static buffers outside the state: not part of any capsule.
         self.obs_buf = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
         self.act_buf = torch.zeros(self.act_dim, dtype=torch.float32, device=self.device)
+        # Pinned host staging on CUDA: the obs/action transfers are then plain async DMA on the
+        # step's stream instead of pageable copies that stall the host.
+        pin = self.device.type == 'cuda'
+        self._obs_host = torch.zeros(self.obs_dim, dtype=torch.float32, pin_memory=pin)
+        self._act_host = torch.zeros(self.act_dim, dtype=torch.float32, pin_memory=pin)
         self._advances = self.arena.capacity > 0     # history policies move position each step
         self._lock = threading.Lock()
         self._latencies = deque(maxlen=1024)
@@ -167,10 +172,12 @@ class PolicyEngine:
                 raise CapacityExceeded(
                     f'history is full ({self.arena.capacity} positions); reset the episode, '
                     'restore or roll back')
-            with _Timer(self.device) as timer:
-                self.obs_buf.copy_(t)
+            self._obs_host.copy_(t)
+            with _Timer(self.device) as timer:      # its exit synchronises the device
+                self.obs_buf.copy_(self._obs_host, non_blocking=True)
                 self.graph.replay()
-                action = self.act_buf.to('cpu', copy=True)
+                self._act_host.copy_(self.act_buf, non_blocking=True)
+            action = self._act_host.clone()
             self._latencies.append(timer.us)
             self.step_index += 1
             self.position += int(self._advances)
