@@ -1,4 +1,4 @@
-'''CapsuleStore: tiers, budgets, LRU demotion, pinning, names, paths and the disk format.'''
+"""CapsuleStore: tiers, budgets, LRU demotion, pinning, names, paths and the disk format."""
 
 import os
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from flashrt_ros.runtime.capsule import Capsule, CapsuleStore, Manifest, read_file
+from flashrt_ros.runtime.capsule import Capsule, CapsuleStore, Manifest
 from flashrt_ros.runtime.errors import (BudgetExceeded, CapsuleExists, CorruptCapsule,
                                         IncompatibleCapsule, InvalidName, PathOutsideDirectory,
                                         UnknownCapsule)
@@ -165,13 +165,13 @@ def test_corrupt_spill_file_detected(store):
     for n in 'abcdefg':
         store.put(capsule(n))
     disk = [m.name for m in store.list() if m.tier == 'disk']
-    assert disk
-    path = store.get(disk[0]).path
+    assert disk == ['a']
+    assert torch.equal(store.data_on('a', 'cpu'), capsule('a').data)
+    path = store.get('a').path
     raw = bytearray(open(path, 'rb').read())
     raw[-1] ^= 0xFF
     open(path, 'wb').write(raw)
-    with pytest.raises(CorruptCapsule):
-        store.data_on(disk[0], 'cpu')
-    _, data = read_file(store.save(disk[-1])[0]) if len(disk) > 1 else (None, None)
-    if data is not None:
-        assert torch.equal(data, capsule(disk[-1]).data)
+    with pytest.raises(CorruptCapsule, match='failed its checksum'):
+        store.data_on('a', 'cpu')
+    store.delete('a')
+    assert not os.path.exists(path)

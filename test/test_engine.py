@@ -1,9 +1,9 @@
-'''PolicyEngine: the correctness contract (byte-exact, action-identical, rollback, ablation),
+"""PolicyEngine: the correctness contract (byte-exact, action-identical, rollback, ablation),
 capsule operations through the engine, bad input, and stepping under concurrent operations.
 
 Runs with two toy policies written against the Policy contract (a GRU-like recurrent toy and an
 append-growth KV toy) and with the real 'recurrent' and 'history' policies from policies.py.
-'''
+"""
 
 import hashlib
 import os
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from flashrt_ros.runtime.engine import PolicyEngine
-from flashrt_ros.runtime.errors import (CapacityExceeded, CapsuleExists, CorruptCapsule,
-                                        IncompatibleCapsule, InvalidConfig, InvalidName,
-                                        InvalidObservation, PathOutsideDirectory,
+from flashrt_ros.runtime.errors import (BudgetExceeded, CapacityExceeded, CapsuleExists,
+                                        CorruptCapsule, IncompatibleCapsule, InvalidConfig,
+                                        InvalidName, InvalidObservation, PathOutsideDirectory,
                                         RollbackUnavailable, UnknownCapsule)
 from flashrt_ros.runtime.state import BufferSpec, META_POSITION
 
@@ -25,7 +25,7 @@ OBS, ACT = 6, 3
 
 
 class ToyGRU(torch.nn.Module):
-    '''h <- tanh(Wx x + Wh h); action = Wo h. State: one recurrent buffer.'''
+    """h <- tanh(Wx x + Wh h); action = Wo h. State: one recurrent buffer."""
 
     kind = 'recurrent'
     capacity = 0
@@ -61,7 +61,7 @@ class ToyGRU(torch.nn.Module):
 
 
 class ToyKV(ToyGRU):
-    '''Attention over an append KV cache, plus recurrent, conv and chunk state.'''
+    """Attention over an append KV cache, plus recurrent, conv and chunk state."""
 
     kind = 'history'
 
@@ -400,9 +400,9 @@ def test_latency_reported(tmp_path):
 
 @pytest.mark.parametrize('kind', ['toy_kv', 'history'])
 def test_concurrent_ops_never_see_torn_state(tmp_path, kind):
-    '''With a constant observation the state after t steps is a function of t alone, whatever
+    """With a constant observation the state after t steps is a function of t alone, whatever
     the interleaving of rollbacks and restores; so every snapshot must equal S_t of the
-    reference run, and every action must be one the reference run produced.'''
+    reference run, and every action must be one the reference run produced."""
     obs = observations(1, seed=7)[0]
     ref_engine = make_engine(tmp_path / 'ref', kind)
     n = 400                                  # the stepper never goes past step n
@@ -447,6 +447,23 @@ def test_concurrent_ops_never_see_torn_state(tmp_path, kind):
     t.join()
     assert not errors, errors[:3]
     assert interleaved > 0, 'the stepper never ran while operations did'
+
+
+def test_full_budget_refused_state_and_store_unchanged(tmp_path):
+    probe = make_engine(tmp_path / 'probe', 'toy_gru')
+    nbytes = probe.arena.live_nbytes(0)
+    e = make_engine(tmp_path, 'toy_gru', device_budget=nbytes, host_budget=0)
+    e.step(observations(1)[0])
+    e.snapshot('a', pin=True)
+    e.step(observations(1)[0])
+    before, state = e.store.list(), live(e)
+    with pytest.raises(BudgetExceeded, match='device tier cannot take'):
+        e.snapshot('b')
+    with pytest.raises(BudgetExceeded):
+        e.fork('a', 'c')
+    assert e.store.list() == before and torch.equal(live(e), state)
+    e.delete('a')
+    assert e.snapshot('b').manifest.tier == 'device'
 
 
 def test_meta_buffer_is_engine_owned(tmp_path):

@@ -1,4 +1,4 @@
-'''StateArena: one allocation, aligned typed views, contiguous live prefix, unpack.'''
+"""StateArena: one allocation, aligned typed views, contiguous live prefix, unpack."""
 
 import pytest
 import torch

@@ -1,11 +1,11 @@
-'''Capsules (immutable copies of the live state) and the CapsuleStore that holds them by name.
+"""Capsules (immutable copies of the live state) and the CapsuleStore that holds them by name.
 
 Bookkeeping (names, tiers, budgets, LRU order, manifests) is plain Python; the only tensor
 work is moving a capsule's bytes between tiers and files. Tiers: device -> pinned host -> disk.
 
 Disk format: a safetensors file with one tensor 'state' (uint8 [nbytes]) and metadata
 {'format', 'manifest' (JSON), 'checksum' (sha256 over the manifest fields and the bytes)}.
-'''
+"""
 
 from dataclasses import asdict, dataclass, replace
 import functools
@@ -48,7 +48,7 @@ class Manifest:
 
 
 class Capsule:
-    '''Immutable live bytes plus a manifest. Nothing ever writes into `data` after creation.'''
+    """Immutable live bytes plus a manifest. Nothing ever writes into `data` after creation."""
 
     def __init__(self, manifest, data=None, path=None):
         self.manifest = manifest
@@ -57,7 +57,7 @@ class Capsule:
 
 
 def checksum(manifest, data):
-    '''sha256 over the content fields of the manifest and the bytes (a CPU uint8 tensor).'''
+    """sha256 over the content fields of the manifest and the bytes (a CPU uint8 tensor)."""
     h = hashlib.sha256()
     fields = {k: getattr(manifest, k) for k in _CHECKED_FIELDS}
     h.update(json.dumps(fields, sort_keys=True).encode())
@@ -66,7 +66,7 @@ def checksum(manifest, data):
 
 
 def check_compatible(manifest, schema_digest=None, model_digest=None):
-    '''Raise IncompatibleCapsule naming which digest differs (first 12 hex chars of both).'''
+    """Raise IncompatibleCapsule naming which digest differs (first 12 hex chars of both)."""
     if schema_digest is not None and manifest.schema_digest != schema_digest:
         raise IncompatibleCapsule(
             f'capsule {manifest.name!r} was taken with schema digest '
@@ -79,10 +79,10 @@ def check_compatible(manifest, schema_digest=None, model_digest=None):
 
 
 def write_file(path, manifest, data):
-    '''Write a capsule file atomically: temp file in the same directory, fsync, os.replace.
+    """Write a capsule file atomically: temp file in the same directory, fsync, os.replace.
 
     Returns the checksum written. A crash leaves either the old file or the new one.
-    '''
+    """
     host = data.detach().to('cpu').contiguous()
     digest = checksum(manifest, host)
     meta = {'format': FORMAT, 'checksum': digest,
@@ -109,7 +109,7 @@ def write_file(path, manifest, data):
 
 
 def read_file(path):
-    '''Read and verify a capsule file; returns (Manifest, CPU uint8 tensor). CorruptCapsule.'''
+    """Read and verify a capsule file; returns (Manifest, CPU uint8 tensor). CorruptCapsule."""
     try:
         with safe_open(path, framework='pt') as f:
             meta = f.metadata() or {}
@@ -145,11 +145,11 @@ def _locked(method):
 
 
 class CapsuleStore:
-    '''Capsules by name, with a byte budget per memory tier and LRU demotion.
+    """Capsules by name, with a byte budget per memory tier and LRU demotion.
 
     Invariants: a capsule is never dropped silently; pinned capsules stay in device or host
     memory; a refused put/load leaves every capsule where it was.
-    '''
+    """
 
     def __init__(self, device, device_budget, host_budget, directory):
         self.device = torch.device(device)
@@ -169,7 +169,7 @@ class CapsuleStore:
 
     @staticmethod
     def validate_name(name):
-        '''Names are [A-Za-z0-9_.-]{1,128} and not '.' or '..', so they are safe as file names.'''
+        """Names are [A-Za-z0-9_.-]{1,128} and not '.' or '..', so they are safe as file names."""
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name in ('.', '..'):
             raise InvalidName(
                 f'capsule name {name!r} is not allowed: use 1-128 characters from '
@@ -201,7 +201,7 @@ class CapsuleStore:
 
     @_locked
     def get(self, name):
-        '''The capsule (touches LRU order). UnknownCapsule if absent.'''
+        """The capsule (touches LRU order). UnknownCapsule if absent."""
         self.validate_name(name)
         if name not in self._capsules:
             known = ', '.join(sorted(self._capsules)) or 'none'
@@ -211,12 +211,12 @@ class CapsuleStore:
 
     @_locked
     def list(self):
-        '''Copies of every manifest, sorted by name.'''
+        """Copies of every manifest, sorted by name."""
         return [replace(self._capsules[n].manifest) for n in sorted(self._capsules)]
 
     @_locked
     def delete(self, name):
-        '''Remove a capsule and its spill file (files written by save() are kept).'''
+        """Remove a capsule and its spill file (files written by save() are kept)."""
         capsule = self.get(name)
         del self._capsules[name]
         del self._used[name]
@@ -226,10 +226,10 @@ class CapsuleStore:
     # -- placement -----------------------------------------------------------------------------
 
     def _plan(self, tier, nbytes, skip):
-        '''Names to demote (in order, lowest tier first) so `nbytes` fit in `tier`.
+        """Names to demote (in order, lowest tier first) so `nbytes` fit in `tier`.
 
         Pure bookkeeping: raises BudgetExceeded before anything moves.
-        '''
+        """
         moves = []
         incoming = nbytes
         for level in TIERS[TIERS.index(tier):2]:
@@ -271,11 +271,11 @@ class CapsuleStore:
 
     @_locked
     def put(self, capsule, overwrite=False):
-        '''Add a capsule in its manifest's tier, demoting LRU unpinned capsules one tier down.
+        """Add a capsule in its manifest's tier, demoting LRU unpinned capsules one tier down.
 
         Refuses (CapsuleExists, BudgetExceeded) leaving the store unchanged. Pinned capsules are
         never demoted; a pinned capsule cannot be put on disk.
-        '''
+        """
         m = capsule.manifest
         self.validate_name(m.name)
         if m.name in self._capsules and not overwrite:
@@ -293,7 +293,7 @@ class CapsuleStore:
 
     @_locked
     def data_on(self, name, device):
-        '''The capsule's bytes on `device`; read from disk (checksum verified) if needed.'''
+        """The capsule's bytes on `device`; read from disk (checksum verified) if needed."""
         capsule = self.get(name)
         if capsule.data is not None:
             return capsule.data.to(device, non_blocking=False)
@@ -307,7 +307,7 @@ class CapsuleStore:
     # -- files ---------------------------------------------------------------------------------
 
     def _resolve(self, path, default):
-        '''Absolute path under the capsule directory; PathOutsideDirectory otherwise.'''
+        """Absolute path under the capsule directory; PathOutsideDirectory otherwise."""
         path = path or default
         full = os.path.realpath(os.path.join(self.directory, os.path.expanduser(path)))
         if os.path.commonpath([full, self.directory]) != self.directory or full == self.directory:
@@ -318,7 +318,7 @@ class CapsuleStore:
 
     @_locked
     def save(self, name, path=''):
-        '''Write capsule `name` atomically; returns (absolute path, bytes of the file).'''
+        """Write capsule `name` atomically; returns (absolute path, bytes of the file)."""
         capsule = self.get(name)
         full = self._resolve(path, f'{name}.safetensors')
         data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
@@ -328,11 +328,11 @@ class CapsuleStore:
 
     @_locked
     def load(self, path, name='', overwrite=False, schema_digest=None, model_digest=None):
-        '''Read, verify and put a capsule file into the device tier; returns its Manifest.
+        """Read, verify and put a capsule file into the device tier; returns its Manifest.
 
         Checks, in order: path inside the directory, readable file, checksum, schema digest,
         model digest, name, budget. Any refusal leaves the store unchanged.
-        '''
+        """
         if not path:
             raise UnknownCapsule('load needs a capsule file path')
         full = self._resolve(path, '')

@@ -1,9 +1,9 @@
-'''PolicyEngine: the committed step boundary, capsule operations and the rollback ring.
+"""PolicyEngine: the committed step boundary, capsule operations and the rollback ring.
 
 One lock serialises step() and every capsule operation, so an operation always sees the state
 between two steps. Host mirrors of the meta counters (step_index, episode, position) are
 updated deterministically from what each operation did; the step path never reads the device.
-'''
+"""
 
 from collections import deque
 from dataclasses import dataclass, replace
@@ -30,7 +30,7 @@ class OpResult:
 
 
 class _Timer:
-    '''Device-timed latency: CUDA events on GPU, perf_counter on CPU.'''
+    """Device-timed latency: CUDA events on GPU, perf_counter on CPU."""
 
     def __init__(self, device):
         self.cuda = device.type == 'cuda'
@@ -55,12 +55,12 @@ class _Timer:
 
 
 class RollbackRing:
-    '''depth slots of the static block; slot (meta step % depth) holds the PRE-step block.
+    """depth slots of the static block; slot (meta step % depth) holds the PRE-step block.
 
     Invariant: the pre-step state of step s lives in slot s % depth until step s + depth
     overwrites it. Append buffers need no copy: a step only writes row `position`, so the prefix
     before an older position is unchanged, and the position itself is in the static block.
-    '''
+    """
 
     def __init__(self, arena, depth):
         if depth < 1:
@@ -76,12 +76,12 @@ class RollbackRing:
         self.slots.index_copy_(0, self.step_view % self.depth, self.static.unsqueeze(0))
 
     def restore(self, step):
-        '''Put back the pre-step static block of step `step` (the caller checks availability).'''
+        """Put back the pre-step static block of step `step` (the caller checks availability)."""
         self.static.copy_(self.slots[step % self.depth])
 
 
 class PolicyEngine:
-    '''Owns policy, arena, step graph, capsule store and rollback ring.'''
+    """Owns policy, arena, step graph, capsule store and rollback ring."""
 
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
@@ -132,7 +132,7 @@ class PolicyEngine:
         self.meta[META_STEP:META_STEP + 1].add_(1)
 
     def _reinit(self, episode):
-        '''Initial state: zeros, the policy's own initial values, meta = [0, episode, 0, 0].'''
+        """Initial state: zeros, the policy's own initial values, meta = [0, episode, 0, 0]."""
         self.arena.zero_()
         self.policy.reset_state()
         self.meta[META_EPISODE] = episode
@@ -141,7 +141,7 @@ class PolicyEngine:
         self._lineage = ''
 
     def _to_obs(self, obs, rows=None):
-        '''Validate on the host before anything on the device is touched.'''
+        """Validate on the host before anything on the device is touched."""
         try:
             t = torch.as_tensor(obs).detach().to('cpu', torch.float32)
         except Exception as e:
@@ -158,10 +158,10 @@ class PolicyEngine:
         return t
 
     def step(self, obs):
-        '''Committed boundary: obs [obs_dim] -> action (CPU float32 [act_dim]).
+        """Committed boundary: obs [obs_dim] -> action (CPU float32 [act_dim]).
 
         Refuses (InvalidObservation, CapacityExceeded) before touching the state.
-        '''
+        """
         with self._lock:
             try:
                 t = self._to_obs(obs)
@@ -186,7 +186,7 @@ class PolicyEngine:
             return action
 
     def prefill(self, observations):
-        '''Feed [T, obs_dim] observations into the history (eager); ring is cleared.'''
+        """Feed [T, obs_dim] observations into the history (eager); ring is cleared."""
         with self._lock:
             rows = len(observations) if hasattr(observations, '__len__') else -1
             t = self._to_obs(observations, rows=rows)
@@ -202,14 +202,14 @@ class PolicyEngine:
             self._check()
 
     def step_latency_us(self):
-        '''(p50, p99) over recent steps; NaN before the first step.'''
+        """(p50, p99) over recent steps; NaN before the first step."""
         if not self._latencies:
             return math.nan, math.nan
         xs = sorted(self._latencies)
         return xs[len(xs) // 2], xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
 
     def _check(self):
-        '''Debug mode: addresses never move and host mirrors match the device counters.'''
+        """Debug mode: addresses never move and host mirrors match the device counters."""
         if not self.debug:
             return
         for n, v in self.arena.views.items():
@@ -243,7 +243,7 @@ class PolicyEngine:
         return replace(m), timer.us
 
     def snapshot(self, name='', overwrite=False, pin=False):
-        '''Copy the live bytes into a new capsule (one copy). The live state is not changed.'''
+        """Copy the live bytes into a new capsule (one copy). The live state is not changed."""
         with self._lock:
             m, us = self._take(name, overwrite, pin)
             return self._result(f'snapshot {m.name!r}: {m.nbytes} bytes at step {m.step}',
@@ -279,20 +279,20 @@ class PolicyEngine:
         return replace(m), timer.us
 
     def restore(self, name, kinds=None):
-        '''Make the live bytes equal the capsule's (kinds: only buffers of those kinds).
+        """Make the live bytes equal the capsule's (kinds: only buffers of those kinds).
 
         Runs between steps; does not reallocate; refusals leave the live state unchanged.
-        '''
+        """
         with self._lock:
             m, us = self._restore(name, kinds)
             what = 'all buffers' if kinds is None else f'kinds {sorted(set(kinds))}'
             return self._result(f'restored {name!r} ({what}) to step {m.step}', m, us)
 
     def fork(self, source, target, overwrite=False):
-        '''Copy capsule `source` (or the live state when source is '') to a new name.
+        """Copy capsule `source` (or the live state when source is '') to a new name.
 
         The copy owns its bytes: deleting or overwriting either leaves the other intact.
-        '''
+        """
         with self._lock:
             if not source:
                 m, us = self._take(target, overwrite, pin=False)
@@ -309,10 +309,10 @@ class PolicyEngine:
             return self._result(f'forked {source!r} to {target!r}', replace(m), timer.us)
 
     def rollback(self, steps):
-        '''Restore the state of `steps` committed steps ago (1 <= steps <= rollback_available).
+        """Restore the state of `steps` committed steps ago (1 <= steps <= rollback_available).
 
         Copies only the static block; append buffers keep their (unchanged) prefix.
-        '''
+        """
         with self._lock:
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise RollbackUnavailable(f'rollback needs a whole number of steps >= 1, '
@@ -331,14 +331,14 @@ class PolicyEngine:
             return self._result(f'rolled back {steps} steps to step {target}', None, timer.us)
 
     def delete(self, name):
-        '''Remove a capsule from the store; the live state is not touched.'''
+        """Remove a capsule from the store; the live state is not touched."""
         with self._lock:
             m = replace(self.store.get(name).manifest)
             self.store.delete(name)
             return self._result(f'deleted {name!r}', m, 0.0)
 
     def save(self, name, path=''):
-        '''Write a capsule file atomically under the capsule directory; message holds the path.'''
+        """Write a capsule file atomically under the capsule directory; message holds the path."""
         with self._lock:
             t0 = time.perf_counter()   # disk I/O is host work: wall time, not device events
             full, size = self.store.save(name, path)
@@ -347,10 +347,10 @@ class PolicyEngine:
             return self._result(f'saved {name!r} to {full} ({size} bytes)', m, us)
 
     def load(self, path, name='', overwrite=False):
-        '''Read a capsule file into the store after checking checksum, schema and model.
+        """Read a capsule file into the store after checking checksum, schema and model.
 
         The live state is not touched (restore it to make it live), so the ring stays valid.
-        '''
+        """
         with self._lock:
             t0 = time.perf_counter()
             m = self.store.load(path, name, overwrite, schema_digest=self.arena.schema_digest,
@@ -359,7 +359,7 @@ class PolicyEngine:
             return self._result(f'loaded {m.name!r} from {path}', m, us)
 
     def reset_episode(self):
-        '''Restore 'episode_start' if present, else the initial state; then episode += 1.'''
+        """Restore 'episode_start' if present, else the initial state; then episode += 1."""
         with self._lock:
             episode = self.episode + 1
             with _Timer(self.device) as timer:

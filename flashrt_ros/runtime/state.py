@@ -1,4 +1,4 @@
-'''State declared as data: BufferSpec, and the StateArena that holds every buffer in ONE slab.
+"""State declared as data: BufferSpec, and the StateArena that holds every buffer in ONE slab.
 
 Layout of the single uint8 allocation (offsets 256-byte aligned):
 
@@ -9,7 +9,7 @@ Each append row holds one position of every append buffer, interleaved (position
 the live prefix [0, position) of all append buffers is one contiguous byte range. Because the
 static block is padded up to append_offset, the whole live state storage[:live_nbytes(position)]
 is a single contiguous range: a snapshot or restore is ONE copy (the contract allows two).
-'''
+"""
 
 from dataclasses import dataclass
 import hashlib
@@ -64,7 +64,7 @@ class BufferSpec:
 
     @property
     def row_nbytes(self):
-        '''Bytes of one position (append buffers only).'''
+        """Bytes of one position (append buffers only)."""
         return math.prod(self.shape[1:]) * _itemsize(self.dtype)
 
 
@@ -77,11 +77,11 @@ def _contiguous_strides(shape):
 
 
 class StateArena:
-    '''Every state buffer as a typed view into one contiguous uint8 allocation.
+    """Every state buffer as a typed view into one contiguous uint8 allocation.
 
     Invariant: `storage` is allocated once; views never move (their data_ptr() is fixed), so a
     captured CUDA graph and the policy's bound views stay valid across every capsule operation.
-    '''
+    """
 
     def __init__(self, specs, device):
         self.device = torch.device(device)
@@ -124,7 +124,7 @@ class StateArena:
     # -- layout --------------------------------------------------------------------------------
 
     def _views_over(self, data, position):
-        '''Typed views with this arena's layout over `data` (append views cover [:position]).'''
+        """Typed views with this arena's layout over `data` (append views cover [:position])."""
         views = {}
         for name, spec in self.specs.items():
             off = self._offsets[name]
@@ -155,11 +155,11 @@ class StateArena:
     # -- live ranges ---------------------------------------------------------------------------
 
     def static_block(self):
-        '''uint8 view of every static buffer (what the rollback ring records each step).'''
+        """uint8 view of every static buffer (what the rollback ring records each step)."""
         return self.storage[:self.static_nbytes]
 
     def live_nbytes(self, position):
-        '''Bytes of the live state at `position`: grows with position, not with capacity.'''
+        """Bytes of the live state at `position`: grows with position, not with capacity."""
         return self.static_nbytes + int(position) * self.row_nbytes
 
     def _check_position(self, position):
@@ -167,17 +167,17 @@ class StateArena:
             raise InvalidConfig(f'position {position} is outside [0, {self.capacity}]')
 
     def read_live(self, position, out):
-        '''Copy the live bytes into out[:live_nbytes(position)]: one contiguous copy.'''
+        """Copy the live bytes into out[:live_nbytes(position)]: one contiguous copy."""
         self._check_position(position)
         n = self.live_nbytes(position)
         out[:n].copy_(self.storage[:n])
 
     def write_live(self, position, src):
-        '''Copy src[:live_nbytes(position)] over the live bytes: one copy, no reallocation.
+        """Copy src[:live_nbytes(position)] over the live bytes: one copy, no reallocation.
 
         Append rows at or beyond `position` keep whatever they held; policies read only
         the live prefix.
-        '''
+        """
         self._check_position(position)
         n = self.live_nbytes(position)
         if src.numel() < n:
@@ -185,11 +185,11 @@ class StateArena:
         self.storage[:n].copy_(src[:n])
 
     def unpack(self, data, position):
-        '''Typed views (same layout) over a capsule's live bytes; append views are [:position].
+        """Typed views (same layout) over a capsule's live bytes; append views are [:position].
 
         `data` must be a uint8 tensor of at least live_nbytes(position) bytes; the views alias
         it (nothing is copied).
-        '''
+        """
         self._check_position(position)
         n = self.live_nbytes(position)
         if data.dtype != torch.uint8 or data.numel() < n:
