@@ -336,8 +336,12 @@ def test_bad_observations_refused_state_untouched(tmp_path):
                                                                  dtype=torch.float64), 'Inf')):
         with pytest.raises(InvalidObservation, match=match):
             e.step(bad)
-    assert e.rejected_observations == 5
-    assert e.step_index == 3 and torch.equal(live(e), state)
+    bad_rows = observations(4)
+    bad_rows[2, 1] = float('nan')
+    with pytest.raises(InvalidObservation, match='NaN'):
+        e.prefill(bad_rows)
+    assert e.rejected_observations == 6
+    assert e.step_index == 3 and e.position == 3 and torch.equal(live(e), state)
     e.step(observations(1)[0])                   # the loop carries on
     assert e.step_index == 4
 

@@ -188,8 +188,14 @@ class PolicyEngine:
     def prefill(self, observations):
         """Feed [T, obs_dim] observations into the history (eager); ring is cleared."""
         with self._lock:
-            rows = len(observations) if hasattr(observations, '__len__') else -1
-            t = self._to_obs(observations, rows=rows)
+            try:
+                if not hasattr(observations, '__len__'):
+                    raise InvalidObservation('prefill needs a [T, obs_dim] array of observations')
+                rows = len(observations)
+                t = self._to_obs(observations, rows=rows)
+            except InvalidObservation:
+                self.rejected_observations += 1
+                raise
             if not self._advances:
                 raise InvalidConfig(f'policy kind {self.policy.kind!r} has no history to prefill')
             if self.position + rows > self.arena.capacity:
