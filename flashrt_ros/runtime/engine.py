@@ -27,6 +27,7 @@ class OpResult:
     manifest: Manifest | None
     latency_us: float
     step: int
+    path: str = ''          # the capsule file, for save and load
 
 
 class _Timer:
@@ -344,13 +345,15 @@ class PolicyEngine:
             return self._result(f'deleted {name!r}', m, 0.0)
 
     def save(self, name, path=''):
-        """Write a capsule file atomically under the capsule directory; message holds the path."""
+        """Write a capsule file atomically under the capsule directory; result.path holds it."""
         with self._lock:
             t0 = time.perf_counter()   # disk I/O is host work: wall time, not device events
             full, size = self.store.save(name, path)
             us = (time.perf_counter() - t0) * 1e6
             m = replace(self.store.get(name).manifest)
-            return self._result(f'saved {name!r} to {full} ({size} bytes)', m, us)
+            result = self._result(f'saved {name!r} to {full} ({size} bytes)', m, us)
+            result.path = full
+            return result
 
     def load(self, path, name='', overwrite=False):
         """Read a capsule file into the store after checking checksum, schema and model.
