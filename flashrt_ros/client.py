@@ -1,0 +1,117 @@
+"""PolicyClient: call the flashrt_policy node's services and step it through its topics.
+
+For planners, simulation harnesses, the demo driver and the tests. The client owns no
+executor: give it a node that some executor spins in another thread (see `spin_in_thread`).
+"""
+import array
+import threading
+import time
+
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import Float32MultiArray
+from std_srvs.srv import Trigger
+
+from flashrt_ros import msg as fmsg
+from flashrt_ros import srv as fsrv
+
+SERVICE_TYPES = {
+    'snapshot': fsrv.Snapshot,
+    'restore': fsrv.Restore,
+    'fork': fsrv.Fork,
+    'rollback': fsrv.Rollback,
+    'list_capsules': fsrv.ListCapsules,
+    'delete_capsule': fsrv.DeleteCapsule,
+    'save_capsule': fsrv.SaveCapsule,
+    'load_capsule': fsrv.LoadCapsule,
+    'reset_episode': Trigger,
+}
+
+
+def spin_in_thread(*nodes):
+    """A MultiThreadedExecutor spinning `nodes` in a daemon thread; returns the executor."""
+    executor = MultiThreadedExecutor()
+    for node in nodes:
+        executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    return executor
+
+
+class PolicyClient:
+    """Talks to one policy node, e.g. PolicyClient(node, '/flashrt_policy')."""
+
+    def __init__(self, node, policy='/flashrt_policy', timeout=10.0):
+        self.node = node
+        self.policy = policy.rstrip('/')
+        self.timeout = timeout
+        self.clients = {name: node.create_client(t, f'{self.policy}/{name}')
+                        for name, t in SERVICE_TYPES.items()}
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
+                         reliability=ReliabilityPolicy.RELIABLE)
+        self._obs_pub = node.create_publisher(Float32MultiArray, f'{self.policy}/observation',
+                                              qos)
+        self._actions = []
+        self._action_event = threading.Condition()
+        node.create_subscription(Float32MultiArray, f'{self.policy}/action',
+                                 self._on_action, qos)
+        self.last_status = None
+        node.create_subscription(fmsg.PolicyStatus, f'{self.policy}/status',
+                                 self._on_status, 10)
+
+    def _on_action(self, msg):
+        with self._action_event:
+            self._actions.append(list(msg.data))
+            self._action_event.notify_all()
+
+    def _on_status(self, msg):
+        self.last_status = msg
+
+    def wait_ready(self, timeout=None):
+        """Waits until every service and the action topic are connected."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        for name, client in self.clients.items():
+            left = max(0.0, deadline - time.monotonic())
+            if not client.wait_for_service(timeout_sec=left):
+                raise TimeoutError(f'service {self.policy}/{name} did not appear')
+        while self._obs_pub.get_subscription_count() == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'nobody subscribes to {self.policy}/observation')
+            time.sleep(0.01)
+
+    def call(self, service, **fields):
+        """Calls a service with request fields; returns (response, round-trip seconds)."""
+        client = self.clients[service]
+        request = SERVICE_TYPES[service].Request()
+        for key, value in fields.items():
+            setattr(request, key, value)
+        done = threading.Event()
+        t0 = time.perf_counter()
+        future = client.call_async(request)
+        future.add_done_callback(lambda _: done.set())
+        if not done.wait(self.timeout):
+            raise TimeoutError(f'{self.policy}/{service} did not answer in {self.timeout} s')
+        return future.result(), time.perf_counter() - t0
+
+    def step(self, observation):
+        """Publishes one observation and waits for its action (a lock-step control loop)."""
+        with self._action_event:
+            seen = len(self._actions)
+        msg = Float32MultiArray()
+        msg.data = array.array('f', observation)
+        self._obs_pub.publish(msg)
+        with self._action_event:
+            if not self._action_event.wait_for(lambda: len(self._actions) > seen,
+                                               self.timeout):
+                raise TimeoutError(f'no action on {self.policy}/action within '
+                                   f'{self.timeout} s')
+            return self._actions[seen]
+
+    def publish_only(self, observation):
+        """Publishes an observation without waiting (bad inputs get no action back)."""
+        msg = Float32MultiArray()
+        msg.data = array.array('f', observation)
+        self._obs_pub.publish(msg)
+
+    def actions_received(self):
+        with self._action_event:
+            return len(self._actions)
