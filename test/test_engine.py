@@ -264,7 +264,8 @@ def test_save_load_round_trip_and_continuation(tmp_path, kind):
     future = observations(20, seed=6)
     original = [e.step(o) for o in future]
     other = make_engine(tmp_path, kind)          # a fresh process would see the same file
-    other.load('c.safetensors', name='c2')
+    assert other.load('c.safetensors', name='c2').path == r.path == os.path.join(
+        e.store.directory, 'c.safetensors')
     other.restore('c2')
     assert torch.equal(live(other), e.store.get('c').data)
     assert all(torch.equal(a, other.step(o)) for a, o in zip(original, future))

@@ -306,7 +306,7 @@ class CapsuleStore:
 
     # -- files ---------------------------------------------------------------------------------
 
-    def _resolve(self, path, default):
+    def resolve(self, path, default=''):
         """Absolute path under the capsule directory; PathOutsideDirectory otherwise."""
         path = path or default
         full = os.path.realpath(os.path.join(self.directory, os.path.expanduser(path)))
@@ -320,7 +320,7 @@ class CapsuleStore:
     def save(self, name, path=''):
         """Write capsule `name` atomically; returns (absolute path, bytes of the file)."""
         capsule = self.get(name)
-        full = self._resolve(path, f'{name}.safetensors')
+        full = self.resolve(path, f'{name}.safetensors')
         data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
         digest = write_file(full, capsule.manifest, data)
         capsule.manifest.checksum = digest
@@ -335,7 +335,7 @@ class CapsuleStore:
         """
         if not path:
             raise UnknownCapsule('load needs a capsule file path')
-        full = self._resolve(path, '')
+        full = self.resolve(path, '')
         if not os.path.isfile(full):
             raise UnknownCapsule(f'no capsule file at {full!r}')
         manifest, data = read_file(full)

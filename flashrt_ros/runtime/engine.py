@@ -365,7 +365,9 @@ class PolicyEngine:
             m = self.store.load(path, name, overwrite, schema_digest=self.arena.schema_digest,
                                 model_digest=self.model_digest)
             us = (time.perf_counter() - t0) * 1e6
-            return self._result(f'loaded {m.name!r} from {path}', m, us)
+            result = self._result(f'loaded {m.name!r} from {path}', m, us)
+            result.path = self.store.resolve(path)
+            return result
 
     def reset_episode(self):
         """Restore 'episode_start' if present, else the initial state; then episode += 1."""
