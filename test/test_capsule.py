@@ -104,14 +104,14 @@ def test_capsule_larger_than_budget_refused(store):
 def test_save_load_round_trip(store):
     store.put(capsule('a'))
     path, size = store.save('a')
-    assert path == os.path.join(store.directory, 'a.safetensors') and size > 100
+    assert path == os.path.join(store.directory, 'a.capsule') and size > 100
     assert store.get('a').manifest.checksum
     assert not [f for f in os.listdir(store.directory) if f.startswith('.tmp')]
-    m = store.load('a.safetensors', name='a2', schema_digest=SCHEMA, model_digest=MODEL)
+    m = store.load('a.capsule', name='a2', schema_digest=SCHEMA, model_digest=MODEL)
     assert m.name == 'a2' and m.tier == 'device' and m.step == 3
     assert torch.equal(store.get('a2').data, store.get('a').data)
     with pytest.raises(CapsuleExists):
-        store.load('a.safetensors')
+        store.load('a.capsule')
 
 
 def test_paths_outside_directory_refused(store, tmp_path):
@@ -139,13 +139,13 @@ def test_corrupt_files_refused_store_unchanged(store):
     flipped[-7] ^= 0x01
     open(path, 'wb').write(flipped)
     with pytest.raises(CorruptCapsule, match='failed its checksum'):
-        store.load('a.safetensors', name='x')
+        store.load('a.capsule', name='x')
     open(path, 'wb').write(good[:-20])
     with pytest.raises(CorruptCapsule, match='truncated or unreadable'):
-        store.load('a.safetensors', name='x')
+        store.load('a.capsule', name='x')
     open(path, 'wb').write(good[:6])
     with pytest.raises(CorruptCapsule):
-        store.load('a.safetensors', name='x')
+        store.load('a.capsule', name='x')
     assert store.list() == before
 
 
@@ -153,11 +153,11 @@ def test_other_model_or_schema_refused_with_both_digests(store):
     store.put(capsule('a'))
     store.save('a')
     with pytest.raises(IncompatibleCapsule) as e:
-        store.load('a.safetensors', name='x', schema_digest=SCHEMA, model_digest='c' * 64)
+        store.load('a.capsule', name='x', schema_digest=SCHEMA, model_digest='c' * 64)
     assert str(e.value) == ("capsule 'a' was taken with model digest bbbbbbbbbbbb "
                             'but the loaded policy is cccccccccccc')
     with pytest.raises(IncompatibleCapsule, match='schema digest aaaaaaaaaaaa .* dddddddddddd'):
-        store.load('a.safetensors', name='x', schema_digest='d' * 64, model_digest=MODEL)
+        store.load('a.capsule', name='x', schema_digest='d' * 64, model_digest=MODEL)
     assert [m.name for m in store.list()] == ['a']
 
 

@@ -259,13 +259,13 @@ def test_save_load_round_trip_and_continuation(tmp_path, kind):
         e.step(o)
     e.snapshot('c')
     r = e.save('c')
-    assert os.path.isfile(os.path.join(e.store.directory, 'c.safetensors'))
-    assert 'c.safetensors' in r.message
+    assert os.path.isfile(os.path.join(e.store.directory, 'c.capsule'))
+    assert 'c.capsule' in r.message
     future = observations(20, seed=6)
     original = [e.step(o) for o in future]
     other = make_engine(tmp_path, kind)          # a fresh process would see the same file
-    assert other.load('c.safetensors', name='c2').path == r.path == os.path.join(
-        e.store.directory, 'c.safetensors')
+    assert other.load('c.capsule', name='c2').path == r.path == os.path.join(
+        e.store.directory, 'c.capsule')
     other.restore('c2')
     assert torch.equal(live(other), e.store.get('c').data)
     assert all(torch.equal(a, other.step(o)) for a, o in zip(original, future))
@@ -276,29 +276,29 @@ def test_bad_files_refused_with_precise_messages(tmp_path):
     for o in observations(5):
         e.step(o)
     e.snapshot('c')
-    path = os.path.join(e.store.directory, 'c.safetensors')
+    path = os.path.join(e.store.directory, 'c.capsule')
     e.save('c')
     good = open(path, 'rb').read()
     before, state = e.store.list(), live(e)
 
     other_model = make_engine(tmp_path, 'toy_kv', seed=9)
     with pytest.raises(IncompatibleCapsule) as err:
-        other_model.load('c.safetensors')
+        other_model.load('c.capsule')
     assert str(err.value) == (
         f"capsule 'c' was taken with model digest {e.model_digest[:12]} but the loaded "
         f'policy is {other_model.model_digest[:12]}')
     other_schema = make_engine(tmp_path, 'toy_kv', sizes={'capacity': 256})
     with pytest.raises(IncompatibleCapsule, match='schema digest ' + e.arena.schema_digest[:12]):
-        other_schema.load('c.safetensors')
+        other_schema.load('c.capsule')
 
     flipped = bytearray(good)
     flipped[-5] ^= 0x10
     open(path, 'wb').write(flipped)
     with pytest.raises(CorruptCapsule, match='failed its checksum'):
-        e.load('c.safetensors', name='x')
+        e.load('c.capsule', name='x')
     open(path, 'wb').write(good[:len(good) // 2])
     with pytest.raises(CorruptCapsule, match='truncated'):
-        e.load('c.safetensors', name='x')
+        e.load('c.capsule', name='x')
     assert e.store.list() == before and torch.equal(live(e), state)
     assert other_model.store.list() == [] and other_schema.store.list() == []
 

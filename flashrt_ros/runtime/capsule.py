@@ -3,7 +3,8 @@
 Bookkeeping (names, tiers, budgets, LRU order, manifests) is plain Python; the only tensor
 work is moving a capsule's bytes between tiers and files. Tiers: device -> pinned host -> disk.
 
-Disk format: a safetensors file with one tensor 'state' (uint8 [nbytes]) and metadata
+Disk format (`<name>.capsule` by default): a safetensors file with one tensor 'state'
+(uint8 [nbytes]) and metadata
 {'format', 'manifest' (JSON), 'checksum' (sha256 over the manifest fields and the bytes)}.
 """
 
@@ -320,7 +321,7 @@ class CapsuleStore:
     def save(self, name, path=''):
         """Write capsule `name` atomically; returns (absolute path, bytes of the file)."""
         capsule = self.get(name)
-        full = self.resolve(path, f'{name}.safetensors')
+        full = self.resolve(path, f'{name}.capsule')
         data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
         digest = write_file(full, capsule.manifest, data)
         capsule.manifest.checksum = digest
