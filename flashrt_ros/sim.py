@@ -1,0 +1,354 @@
+"""Simulation side: a headless MuJoCo cart-pole world and the `flashrt_sim` ROS node.
+
+`MujocoWorld` is plain Python (mujoco + numpy, no ROS): deterministic stepping, and world
+snapshots kept by name that hold the complete physics state (mj_getState with
+mjSTATE_INTEGRATION: time, qpos, qvel, act, warmstart, ctrl, applied forces, mocap, ...)
+plus the world's own counters and observation-noise generator. After `restore(name)` the same
+actions give the same states, bit for bit.
+
+`SimNode` (node `flashrt_sim`) serves that world over ROS 2:
+  ~/reset      std_srvs/Trigger           back to the seeded start state
+  ~/step       std_srvs/Trigger           advance `steps_per_call` control steps, holding the
+                                          last control
+  ~/snapshot   flashrt_ros/srv/Snapshot   world state by name (capsule.nbytes = state bytes)
+  ~/restore    flashrt_ros/srv/Restore    world state by name
+  ~/action     std_msgs/Float32MultiArray in: one message = one control step (lock-step)
+  ~/observation std_msgs/Float32MultiArray out after every reset/step/restore: qpos, qvel
+  ~/reward     std_msgs/Float64           out with every observation
+The official `simulation_interfaces` package is not installable here (not on PyPI), hence the
+std_srvs/Trigger + topics + this package's Snapshot/Restore types.
+"""
+import array
+import math
+import threading
+import time
+
+import numpy as np
+
+try:
+    import mujoco
+except ImportError:         # the ROS layer and the tests say so where it matters
+    mujoco = None
+
+CARTPOLE_XML = """
+<mujoco model="flashrt_cartpole">
+  <option timestep="0.01" integrator="RK4">
+    <flag contact="disable"/>
+  </option>
+  <worldbody>
+    <body name="cart" pos="0 0 1">
+      <joint name="slider" type="slide" axis="1 0 0" limited="true" range="-3 3"
+             damping="0.05"/>
+      <geom name="cart" type="box" size="0.2 0.15 0.1" mass="1"/>
+      <body name="pole" pos="0 0 0">
+        <joint name="hinge" type="hinge" axis="0 1 0" damping="0.005"/>
+        <geom name="pole" type="capsule" fromto="0 0 0 0 0 0.8" size="0.04" mass="0.1"/>
+      </body>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor name="push" joint="slider" gear="10" ctrllimited="true" ctrlrange="-1 1"/>
+  </actuator>
+</mujoco>
+"""
+
+
+def require_mujoco():
+    if mujoco is None:
+        raise RuntimeError('the MuJoCo world needs the `mujoco` package: '
+                           'pip install -r requirements/runtime.txt')
+
+
+class World:
+    """What the episode runner needs from a simulator (MuJoCo here, Gazebo, ...).
+
+    obs_dim / act_dim: sizes of observation and action vectors.
+    reset(seed) -> obs; step(action) -> (obs, reward); snapshot(name); restore(name) -> obs;
+    perturb(push, noise_seed, noise_std): a branch's what-if (an initial push on the robot,
+    an observation-noise stream); state_bytes(): the physics state for trajectory checks.
+    """
+
+    obs_dim = 0
+    act_dim = 0
+
+    def reset(self, seed=0):
+        raise NotImplementedError
+
+    def step(self, action):
+        raise NotImplementedError
+
+    def snapshot(self, name):
+        raise NotImplementedError
+
+    def restore(self, name):
+        raise NotImplementedError
+
+    def perturb(self, push=0.0, noise_seed=None, noise_std=0.0):
+        raise NotImplementedError
+
+    def state_bytes(self):
+        raise NotImplementedError
+
+    def close(self):
+        pass
+
+
+class MujocoWorld(World):
+    """The cart-pole on MuJoCo, in process. obs = [x, theta, x_dot, theta_dot] (qpos, qvel).
+
+    action: one value, scaled by `action_scale` and clipped to the actuator's control range,
+    held for `frame_skip` physics steps. reward: cos(theta) - 0.01 x^2 (1 when upright).
+    """
+
+    def __init__(self, xml=CARTPOLE_XML, frame_skip=2, action_scale=1.0):
+        require_mujoco()
+        self.model = mujoco.MjModel.from_xml_string(xml)
+        self.data = mujoco.MjData(self.model)
+        self.frame_skip = int(frame_skip)
+        self.action_scale = float(action_scale)
+        self.obs_dim = self.model.nq + self.model.nv
+        self.act_dim = self.model.nu
+        self.spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        self.state_size = mujoco.mj_stateSize(self.model, self.spec)
+        self.snapshots = {}         # name -> (physics state, step, noise std, rng state)
+        self.steps = 0
+        self.noise_std = 0.0
+        self.rng = np.random.default_rng(0)
+        self.reset()
+
+    # -- state -----------------------------------------------------------------------------
+
+    def physics_state(self):
+        """The full integration state (float64 [mj_stateSize]) as one copy."""
+        out = np.empty(self.state_size, dtype=np.float64)
+        mujoco.mj_getState(self.model, self.data, out, self.spec)
+        return out
+
+    def state_bytes(self):
+        return self.physics_state().tobytes()
+
+    def qpos_qvel_bytes(self):
+        return self.data.qpos.tobytes() + self.data.qvel.tobytes()
+
+    def snapshot(self, name):
+        """Keeps the world state under `name` (overwrites); returns its size in bytes."""
+        if not name:
+            raise ValueError('world snapshot needs a name')
+        state = self.physics_state()
+        self.snapshots[name] = (state, self.steps, self.noise_std,
+                                self.rng.bit_generator.state)
+        return state.nbytes
+
+    def restore(self, name):
+        if name not in self.snapshots:
+            raise KeyError(f'no world snapshot named {name!r} '
+                           f'(have: {sorted(self.snapshots) or "none"})')
+        state, steps, noise_std, rng_state = self.snapshots[name]
+        mujoco.mj_setState(self.model, self.data, state, self.spec)
+        mujoco.mj_forward(self.model, self.data)    # derived quantities from the state
+        self.steps, self.noise_std = steps, noise_std
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = rng_state
+        return self.observation()
+
+    def delete(self, name):
+        self.snapshots.pop(name, None)
+
+    # -- episode ---------------------------------------------------------------------------
+
+    def reset(self, seed=0):
+        """The seeded start state: pole near upright, small seeded offsets."""
+        mujoco.mj_resetData(self.model, self.data)
+        rng = np.random.default_rng(seed)
+        self.data.qpos[:] = rng.uniform(-0.05, 0.05, self.model.nq)
+        self.data.qvel[:] = rng.uniform(-0.05, 0.05, self.model.nv)
+        mujoco.mj_forward(self.model, self.data)
+        self.steps = 0
+        self.noise_std = 0.0
+        self.rng = np.random.default_rng(seed)
+        return self.observation()
+
+    def perturb(self, push=0.0, noise_seed=None, noise_std=0.0):
+        """A what-if: adds `push` (m/s) to the cart's velocity; observation noise from a seed."""
+        self.data.qvel[0] += push
+        mujoco.mj_forward(self.model, self.data)
+        if noise_seed is not None:
+            self.rng = np.random.default_rng(noise_seed)
+        self.noise_std = float(noise_std)
+        return self.observation()
+
+    def observation(self):
+        obs = np.concatenate([self.data.qpos, self.data.qvel])
+        if self.noise_std > 0.0:
+            obs = obs + self.rng.normal(0.0, self.noise_std, obs.shape)
+        return obs
+
+    def control(self, action):
+        a = np.asarray(action, dtype=np.float64).reshape(-1)
+        if a.size != self.act_dim:
+            raise ValueError(f'action has {a.size} values, the world takes {self.act_dim}')
+        if not np.all(np.isfinite(a)):
+            raise ValueError('action holds NaN or Inf')
+        low, high = self.model.actuator_ctrlrange[:, 0], self.model.actuator_ctrlrange[:, 1]
+        return np.clip(self.action_scale * a, low, high)
+
+    def step(self, action=None):
+        """One control step: set the controls (None: keep them), integrate frame_skip steps."""
+        if action is not None:
+            self.data.ctrl[:] = self.control(action)
+        for _ in range(self.frame_skip):
+            mujoco.mj_step(self.model, self.data)
+        self.steps += 1
+        return self.observation(), self.reward()
+
+    def reward(self):
+        x, theta = self.data.qpos[0], self.data.qpos[1]
+        return float(math.cos(theta) - 0.01 * x * x)
+
+
+# -- ROS node ----------------------------------------------------------------------------------
+
+
+def _ros_imports():
+    """rclpy and message types, imported when the node is built (MujocoWorld needs none)."""
+    import rclpy
+    from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+    from rclpy.node import Node
+    from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import Float32MultiArray, Float64
+    from std_srvs.srv import Trigger
+
+    from flashrt_ros import srv as fsrv
+    return (rclpy, MutuallyExclusiveCallbackGroup, Node, HistoryPolicy, QoSProfile,
+            ReliabilityPolicy, Float32MultiArray, Float64, Trigger, fsrv)
+
+
+def make_sim_node(node_name='flashrt_sim', **kwargs):
+    """Builds the `flashrt_sim` node (rclpy must be initialised)."""
+    (rclpy, Group, Node, HistoryPolicy, QoSProfile, ReliabilityPolicy, Float32MultiArray,
+     Float64, Trigger, fsrv) = _ros_imports()
+
+    class SimNode(Node):
+        """The MuJoCo cart-pole world over ROS: see the module docstring."""
+
+        def __init__(self):
+            super().__init__(node_name, **kwargs)
+            self.declare_parameter('seed', 0)
+            self.declare_parameter('frame_skip', 2)
+            self.declare_parameter('action_scale', 1.0)
+            self.declare_parameter('steps_per_call', 1)
+            self.declare_parameter('qos_depth', 10)
+            p = self.get_parameter
+            self.world = MujocoWorld(frame_skip=p('frame_skip').value,
+                                     action_scale=p('action_scale').value)
+            self.world.reset(p('seed').value)
+            self.lock = threading.Lock()    # one world operation at a time
+            group = Group()
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=p('qos_depth').value,
+                             reliability=ReliabilityPolicy.RELIABLE)
+            self.obs_pub = self.create_publisher(Float32MultiArray, '~/observation', qos)
+            self.reward_pub = self.create_publisher(Float64, '~/reward', qos)
+            self.create_subscription(Float32MultiArray, '~/action', self.action_callback, qos,
+                                     callback_group=group)
+            self.create_service(Trigger, '~/reset', self.reset_callback, callback_group=group)
+            self.create_service(Trigger, '~/step', self.step_callback, callback_group=group)
+            self.create_service(fsrv.Snapshot, '~/snapshot', self.snapshot_callback,
+                                callback_group=group)
+            self.create_service(fsrv.Restore, '~/restore', self.restore_callback,
+                                callback_group=group)
+            self.get_logger().info(
+                f'MuJoCo {mujoco.__version__} cart-pole: obs_dim {self.world.obs_dim}, '
+                f'act_dim {self.world.act_dim}, state {self.world.state_size * 8} bytes')
+
+        def publish(self, obs, reward):
+            msg = Float32MultiArray()
+            msg.data = array.array('f', np.asarray(obs, dtype=np.float32).tobytes())
+            self.obs_pub.publish(msg)
+            self.reward_pub.publish(Float64(data=float(reward)))
+
+        def action_callback(self, msg):
+            with self.lock:
+                try:
+                    obs, reward = self.world.step(list(msg.data))
+                except ValueError as exc:
+                    self.get_logger().warning(f'action refused: {exc}',
+                                              throttle_duration_sec=1.0)
+                    return
+                self.publish(obs, reward)
+
+        def reset_callback(self, request, response):
+            with self.lock:
+                obs = self.world.reset(self.get_parameter('seed').value)
+                self.publish(obs, self.world.reward())
+            response.success, response.message = True, 'world reset'
+            return response
+
+        def step_callback(self, request, response):
+            n = max(1, int(self.get_parameter('steps_per_call').value))
+            with self.lock:
+                for _ in range(n):
+                    obs, reward = self.world.step(None)
+                self.publish(obs, reward)
+                response.message = f'{n} steps, world step {self.world.steps}, ' \
+                                   f'time {self.world.data.time:.4f} s'
+            response.success = True
+            return response
+
+        def snapshot_callback(self, request, response):
+            t0 = time.perf_counter()
+            with self.lock:
+                try:
+                    nbytes = self.world.snapshot(request.name)
+                except ValueError as exc:
+                    response.success, response.message = False, str(exc)
+                    return response
+                steps = self.world.steps
+            self._fill(response, request.name, steps, nbytes, t0)
+            response.message = f'world snapshot {request.name!r} at step {steps}'
+            return response
+
+        def restore_callback(self, request, response):
+            t0 = time.perf_counter()
+            with self.lock:
+                try:
+                    obs = self.world.restore(request.name)
+                except KeyError as exc:
+                    response.success, response.message = False, exc.args[0]
+                    return response
+                steps = self.world.steps
+                self.publish(obs, self.world.reward())
+            self._fill(response, request.name, steps, self.world.state_size * 8, t0)
+            response.message = f'world restored to {request.name!r} (step {steps})'
+            return response
+
+        def _fill(self, response, name, steps, nbytes, t0):
+            response.success = True
+            response.latency_us = (time.perf_counter() - t0) * 1e6
+            response.capsule.name = name
+            response.capsule.tier = 'host'
+            response.capsule.step = int(steps)
+            response.capsule.nbytes = int(nbytes)
+            response.capsule.stamp = self.get_clock().now().to_msg()
+
+    return SimNode()
+
+
+def main(args=None):
+    import rclpy
+    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+    rclpy.init(args=args)
+    node = make_sim_node()
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        executor.shutdown()
+        rclpy.try_shutdown()
+
+
+if __name__ == '__main__':
+    main()
