@@ -78,9 +78,10 @@ def test_world_snapshot_restore_is_exact():
 
 def test_closed_loop_branches_replay_bit_identically(system):
     runner = EpisodeRunner(MujocoWorld(), system['client'], seed=1, log=quiet)
-    ok = runner.run(steps=80, branch_at=30, branches=3, push=0.6, noise_std=0.01)
+    ok = runner.run(steps=80, branch_at=30, branches=3, push=0.6, noise_std=0.01,
+                    resets=4)
     assert ok, [c for c in runner.checks if not c[1]]
-    assert len(runner.reset_us) == 2 and all(w > 0 and p > 0 for w, p in runner.reset_us)
+    assert len(runner.reset_us) == 4 and all(w > 0 and p > 0 for w, p in runner.reset_us)
     returns = [sum(r[2]) for r in runner.results]
     assert len(set(returns)) == 3, returns
 
