@@ -8,6 +8,7 @@ arena is the policy's complete state, and a captured CUDA graph stays valid acro
 
 import hashlib
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -268,11 +269,14 @@ def linear_scan(a, b, h0):
     Composing (a1, b1) then (a2, b2) gives (a2*a1, a2*b1 + b2); products of a <= 1 only
     shrink, so the scan is stable (they underflow to 0, which is the right limit).
     '''
-    b = torch.cat([(a[:1] * h0 + b[:1]), b[1:]])
+    a, b = a.clone(), b.clone()
+    b[0] += a[0] * h0
     shift = 1
     while shift < a.shape[0]:
-        b = torch.cat([b[:shift], a[shift:] * b[:-shift] + b[shift:]])
-        a = torch.cat([a[:shift], a[shift:] * a[:-shift]])
+        # right-hand sides are materialised before the slice is written, so these in-place
+        # updates read only the previous pass; b first, since it needs the old a
+        b[shift:] += a[shift:] * b[:-shift]
+        a[shift:] *= a[:-shift].clone()
         shift *= 2
     return b
 
@@ -362,9 +366,14 @@ class HistoryPolicy(Policy):
         # with the mask positions <= pos (static shapes; masked slots weigh exactly 0)
         qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
         kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
+        # two batched matmuls straight over the cache views (strided, no copies): one query
+        # against C keys is a gemv, and fused SDPA kernels with a mask parallelise poorly
+        # over a single query (fp32 fell to one block per head)
         k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
-        mask = (self.positions <= pos).view(1, self.capacity)                # [1, C]
-        o = F.scaled_dot_product_attention(qkv[0].unsqueeze(1), k, v, attn_mask=mask)
+        scores = torch.matmul(k, qkv[0].unsqueeze(-1)).squeeze(-1).float()   # [H, C]
+        scores = torch.where(self.positions <= pos, scores * m.head_dim ** -0.5, -math.inf)
+        p = torch.softmax(scores, dim=-1).to(self.dtype)                     # [H, C]
+        o = torch.matmul(p.unsqueeze(1), v)                                  # [H, 1, D]
         return m.wo(o.reshape(1, self.d_model))
 
     def _recur_one(self, m, h, conv, rec):
@@ -430,8 +439,9 @@ class HistoryPolicy(Policy):
         T = h.shape[0]
         qkv = m.wqkv(h).view(T, 3, m.heads, m.head_dim)                      # [T, 3, H, D]
         kv[pos:pos + T].copy_(qkv[:, 1:])
-        q = qkv[:, 0].transpose(0, 1)                                        # [H, T, D]
-        k, v = kv[:pos + T, 0].transpose(0, 1), kv[:pos + T, 1].transpose(0, 1)  # [H, S, D]
+        q = qkv[:, 0].transpose(0, 1)[None]                                  # [1, H, T, D]
+        k = kv[:pos + T, 0].transpose(0, 1)[None]                            # [1, H, S, D]
+        v = kv[:pos + T, 1].transpose(0, 1)[None]
         if pos == 0:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -440,7 +450,7 @@ class HistoryPolicy(Policy):
             keys = torch.arange(pos + T, device=h.device)
             mask = keys.view(1, -1) <= (pos + torch.arange(T, device=h.device)).view(-1, 1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return m.wo(o.transpose(0, 1).reshape(T, self.d_model))
+        return m.wo(o[0].transpose(0, 1).reshape(T, self.d_model))
 
     def _recur_many(self, m, h, conv, rec):
         u, g, z = m.in_proj(h).chunk(3, dim=-1)                              # [T, d] each
@@ -518,7 +528,10 @@ def recurrent_from_file(path, obs_dim, act_dim, **sizes):
     activation (state_dicts do not record it), noise_std, seed.'''
     activation, norm_eps = sizes.pop('activation', 'elu'), sizes.pop('norm_eps', 1e-2)
     try:
-        scripted = torch.jit.load(path, map_location='cpu')
+        with warnings.catch_warnings():
+            # rsl_rl / Isaac Lab still export TorchScript; torch's deprecation notice is noise
+            warnings.simplefilter('ignore', DeprecationWarning)
+            scripted = torch.jit.load(path, map_location='cpu')
     except (RuntimeError, ValueError):
         scripted = None
     if scripted is not None:
