@@ -231,8 +231,12 @@ class PolicyNode(LifecycleNode):
                                                  self.observation_callback, self._qos,
                                                  callback_group=self._obs_group)
         self._status_timer = self.create_timer(cfg['status_period'], self.publish_status)
-        result = self.engine.snapshot(EPISODE_START, overwrite=True, pin=True)
-        self.get_logger().info(result.message)
+        try:
+            result = self.engine.snapshot(EPISODE_START, overwrite=True, pin=True)
+            self.get_logger().info(result.message)
+        except FlashRTError as exc:   # e.g. zero budgets: run on, reset uses the initial state
+            self.get_logger().warning(f'no {EPISODE_START!r} capsule: {exc}; reset_episode '
+                                      'will start from the initial state')
         self._state = 'active'
         return super().on_activate(state)
 

@@ -1,0 +1,492 @@
+"""The flashrt_policy lifecycle node over real rclpy and Fast DDS, driven by a PolicyClient.
+
+Each test creates a PolicyNode in-process and a PolicyClient on a second node, both spun by a
+MultiThreadedExecutor in a thread. Actions are compared, bit for bit, with a reference engine
+(the same policy, built in-process without ROS) that never saw the refused inputs or calls.
+"""
+from dataclasses import replace
+import math
+import os
+import random
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
+pytestmark = pytest.mark.ros
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+import torch  # noqa: E402
+
+from flashrt_ros.runtime.capsule import Capsule  # noqa: E402
+from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
+from flashrt_ros.policy_node import PARAMETERS, PolicyNode  # noqa: E402
+
+SUCCESS = TransitionCallbackReturn.SUCCESS
+RECURRENT = dict(policy_type='recurrent', obs_dim=6, act_dim=3, rnn_hidden_dim=16)
+HISTORY = dict(policy_type='history', obs_dim=6, act_dim=3, d_model=32, n_layers=2, heads=2,
+               history_capacity=256, chunk=4)
+_names = iter(range(10 ** 6))
+
+
+def obs(t, dim=6):
+    """A deterministic observation for index t."""
+    return [math.sin(0.1 * t * (1 + j) + j) * (1 + 0.1 * j) for j in range(dim)]
+
+
+def obs_range(start, count, dim=6):
+    return [obs(t, dim) for t in range(start, start + count)]
+
+
+def wait_for(predicate, timeout=10.0, what='condition'):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f'timed out waiting for {what}')
+        time.sleep(0.01)
+
+
+def reference_actions(params, observations, directory):
+    """Actions of the same policy on a fresh engine (no ROS) that sees only `observations`."""
+    cfg = {name: (default if not isinstance(default, Parameter.Type) else [])
+           for name, default in PARAMETERS.items()}
+    cfg.update(params)
+    cfg['device'] = torch.device('cpu')
+    cfg['capsule_dir'] = str(directory)
+    engine = PolicyNode._build_engine(None, cfg)
+    return engine, [engine.step(o).tolist() for o in observations]
+
+
+class Harness:
+    """A PolicyNode plus a client node on one executor; the node configured and active."""
+
+    def __init__(self, tmp_path, params, start=True):
+        self.name = f'flashrt_policy_t{next(_names)}_{os.getpid()}'
+        self.params = dict(dict(device='cpu', capsule_dir=str(tmp_path / 'capsules'),
+                                status_period=0.1), **params)
+        self.tmp_path = tmp_path
+        overrides = [Parameter(k, value=v) for k, v in self.params.items()]
+        self.node = PolicyNode(self.name, parameter_overrides=overrides)
+        self.client_node = rclpy.create_node(self.name + '_client')
+        self.client = PolicyClient(self.client_node, '/' + self.name, timeout=10.0)
+        self.executor = spin_in_thread(self.node, self.client_node)
+        if start:
+            assert self.node.trigger_configure() == SUCCESS
+            self.activate()
+
+    def activate(self):
+        assert self.node.trigger_activate() == SUCCESS
+        self.client.wait_ready()
+        # The action publisher must also have matched the client's subscription, or the
+        # first action could be published to nobody.
+        wait_for(lambda: self.node._action_pub.get_subscription_count() > 0,
+                 what='action subscription')
+
+    def deactivate(self):
+        assert self.node.trigger_deactivate() == SUCCESS
+        wait_for(lambda: self.client._obs_pub.get_subscription_count() == 0,
+                 what='observation subscription gone')
+
+    def steps(self, observations):
+        return [self.client.step(o) for o in observations]
+
+    def call(self, service, **fields):
+        return self.client.call(service, **fields)[0]
+
+    def names(self):
+        return [c.name for c in self.call('list_capsules').capsules]
+
+    def reference(self, observations, params=None):
+        p = dict(self.params, **(params or {}))
+        return reference_actions(p, observations, self.tmp_path / 'reference')[1]
+
+    def close(self):
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.client_node.destroy_node()
+
+
+@pytest.fixture
+def ros():
+    rclpy.init()
+    harnesses = []
+    yield harnesses
+    for h in harnesses:
+        h.close()
+    rclpy.shutdown()
+
+
+@pytest.fixture
+def make(ros, tmp_path):
+    def factory(params=RECURRENT, start=True):
+        h = Harness(tmp_path, params, start)
+        ros.append(h)
+        return h
+    return factory
+
+
+def refused(response, *words):
+    assert response.success is False, response.message
+    for word in words:
+        assert word in response.message, (word, response.message)
+    assert 'internal error' not in response.message
+
+
+# -- success paths ----------------------------------------------------------------------------
+
+def test_every_service_success_path(make):
+    h = make()
+    observations = obs_range(0, 30)
+    ref = h.reference(observations)
+    assert h.steps(observations[:10]) == ref[:10]
+
+    r = h.call('snapshot', name='s10', pin=True)
+    assert r.success, r.message
+    assert (r.capsule.name, r.capsule.step, r.capsule.pinned) == ('s10', 10, True)
+    assert r.capsule.nbytes > 0 and len(r.capsule.schema_digest) == 64
+    assert r.latency_us > 0
+
+    r = h.call('snapshot')          # generated name
+    assert r.success and r.capsule.name, r.message
+
+    lst = h.call('list_capsules')
+    assert [c.name for c in lst.capsules] == sorted(['episode_start', 's10', r.capsule.name])
+    assert lst.device_bytes_used == sum(c.nbytes for c in lst.capsules)
+    assert lst.device_bytes_budget == h.params.get('device_budget_mb', 1024) << 20
+    assert lst.host_bytes_budget == h.params.get('host_budget_mb', 4096) << 20
+
+    r = h.call('fork', source='', target='live10')
+    assert r.success and r.capsule.step == 10, r.message
+    r = h.call('fork', source='s10', target='copy10')
+    assert r.success and r.capsule.parent == 's10' and not r.capsule.pinned, r.message
+    r = h.call('delete_capsule', name='live10')
+    assert r.success, r.message
+    assert 'live10' not in h.names()
+
+    assert h.steps(observations[10:15]) == ref[10:15]
+    r = h.call('rollback', steps=5)
+    assert r.success and r.step == 10, r.message
+    assert h.steps(observations[10:20]) == ref[10:20]
+
+    r = h.call('save_capsule', name='copy10')
+    assert r.success, r.message
+    assert r.path == os.path.join(h.params['capsule_dir'], 'copy10.capsule')
+    assert os.path.isfile(r.path) and r.nbytes > 0
+    r = h.call('save_capsule', name='s10', path='sub/s10.file')
+    assert r.success and r.path.endswith('sub/s10.file'), r.message
+    r = h.call('load_capsule', path='copy10.capsule', name='loaded10')
+    assert r.success and r.capsule.name == 'loaded10' and r.capsule.step == 10, r.message
+
+    r = h.call('restore', name='loaded10')
+    assert r.success and r.capsule.step == 10, r.message
+    assert h.steps(observations[10:30]) == ref[10:30]
+
+    r = h.call('reset_episode')
+    assert r.success and 'episode 1' in r.message, r.message
+    assert h.steps(observations[:5]) == ref[:5]
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+def foreign_capsule(h, params, name):
+    """A capsule file saved by another engine into the node's capsule directory."""
+    engine, _ = reference_actions(dict(h.params, **params), obs_range(0, 3), h.tmp_path / 'f')
+    engine.snapshot(name)
+    os.makedirs(h.params['capsule_dir'], exist_ok=True)
+    engine.store.directory = h.params['capsule_dir']
+    engine.save(name)
+    return engine
+
+
+def test_refusals_change_nothing(make):
+    h = make()
+    observations = obs_range(0, 40)
+    ref = h.reference(observations)
+    got = h.steps(observations[:5])
+    assert h.call('snapshot', name='keep').success
+    r = h.call('save_capsule', name='keep')
+    assert r.success, r.message
+    saved = r.path
+    with open(saved, 'rb') as f:
+        good = f.read()
+    with open(os.path.join(h.params['capsule_dir'], 'flipped.capsule'), 'wb') as f:
+        f.write(good[:-7] + bytes([good[-7] ^ 0x01]) + good[-6:])
+    with open(os.path.join(h.params['capsule_dir'], 'short.capsule'), 'wb') as f:
+        f.write(good[:len(good) // 2])
+    other_model = foreign_capsule(h, dict(seed=1), 'other_model')
+    other_schema = foreign_capsule(h, dict(rnn_hidden_dim=32), 'other_schema')
+    digest = h.node.engine.model_digest
+    schema = h.node.engine.arena.schema_digest
+    before = h.call('list_capsules').capsules
+
+    calls = [
+        ('restore', dict(name='nope'), ['nope']),
+        ('delete_capsule', dict(name='nope'), ['nope']),
+        ('save_capsule', dict(name='nope'), ['nope']),
+        ('fork', dict(source='nope', target='x'), ['nope']),
+        ('restore', dict(name='a/b'), ['a/b', 'not allowed']),
+        ('snapshot', dict(name='a/b'), ['a/b', 'not allowed']),
+        ('snapshot', dict(name='..'), ['not allowed']),
+        ('fork', dict(source='', target='..'), ['not allowed']),
+        ('fork', dict(source='keep', target='a/b'), ['not allowed']),
+        ('load_capsule', dict(path='keep.capsule', name='a/b'), ['not allowed']),
+        ('snapshot', dict(name='keep'), ['exists']),
+        ('save_capsule', dict(name='keep', path='../escape.capsule'),
+         ['outside the capsule directory']),
+        ('save_capsule', dict(name='keep', path=str(h.tmp_path / 'abs.capsule')),
+         ['outside the capsule directory']),
+        ('load_capsule', dict(path='../../etc/passwd'), ['outside the capsule directory']),
+        ('load_capsule', dict(path='missing.capsule'), ['no capsule file']),
+        ('load_capsule', dict(path='flipped.capsule', name='flipped'), ['checksum']),
+        ('load_capsule', dict(path='short.capsule', name='short'), ['truncated']),
+        ('load_capsule', dict(path='other_model.capsule'),
+         ['model digest', digest[:12], other_model.model_digest[:12]]),
+        ('load_capsule', dict(path='other_schema.capsule'),
+         ['schema digest', schema[:12], other_schema.arena.schema_digest[:12]]),
+        ('load_capsule', dict(path='keep.capsule'), ['exists']),
+        ('rollback', dict(steps=0), ['>= 1']),
+        ('rollback', dict(steps=33), ['cannot roll back 33 steps', 'ring depth 32']),
+        ('rollback', dict(steps=10 ** 6), ['available']),
+    ]
+    t = 5
+    for service, fields, words in calls:
+        refused(h.call(service, **fields), *words)
+        assert h.call('list_capsules').capsules == before, (service, fields)
+        got.append(h.client.step(observations[t]))
+        t += 1
+    assert not os.path.exists(h.tmp_path / 'escape.capsule')
+    assert not os.path.exists(h.tmp_path / 'abs.capsule')
+    with open(saved, 'rb') as f:
+        assert f.read() == good
+    assert got == ref[:t]
+
+
+def test_budget_full_refuses_and_keeps_state(make):
+    # A pinned episode_start capsule of this policy is a few hundred bytes; 1 MiB of host
+    # budget holds it, and a zero device budget leaves no room for anything else but demotion.
+    h = make(dict(RECURRENT, device_budget_mb=0, host_budget_mb=0))
+    observations = obs_range(0, 8)
+    ref = h.reference(observations)
+    got = h.steps(observations[:2])
+    before = h.call('list_capsules').capsules
+    for service, fields in (('snapshot', dict(name='big')), ('fork', dict(target='f')),
+                            ('snapshot', dict(name='p', pin=True))):
+        refused(h.call(service, **fields), 'budget')
+        assert h.call('list_capsules').capsules == before
+        got += h.steps(observations[len(got):len(got) + 2])
+    assert got == ref[:len(got)]
+    assert h.call('reset_episode').success
+    assert h.steps(observations[:2]) == ref[:2]
+
+
+def test_calls_while_inactive_are_refused(make):
+    h = make()
+    observations = obs_range(0, 10)
+    ref = h.reference(observations)
+    got = h.steps(observations[:3])
+    assert h.call('snapshot', name='mid').success
+    before = h.call('list_capsules').capsules
+    h.deactivate()
+    for service, fields in (('snapshot', dict(name='x')), ('restore', dict(name='mid')),
+                            ('fork', dict(source='mid', target='y')), ('rollback', dict(steps=1)),
+                            ('delete_capsule', dict(name='mid')),
+                            ('save_capsule', dict(name='mid')),
+                            ('load_capsule', dict(path='mid.capsule')), ('reset_episode', {})):
+        refused(h.call(service, **fields), 'not active', 'inactive')
+    assert h.call('list_capsules').capsules == before
+    assert not os.path.exists(os.path.join(h.params['capsule_dir'], 'mid.capsule'))
+    # Observations while inactive are not stepped: no action, no state change.
+    n = h.client.actions_received()
+    h.client.publish_only(observations[3])
+    time.sleep(0.2)     # time to (wrongly) answer it
+    assert h.client.actions_received() == n
+    h.activate()
+    got += h.steps(observations[3:])
+    assert got == ref
+
+
+# -- bad observations -------------------------------------------------------------------------
+
+def test_bad_observations_refused_counted_and_harmless(make):
+    h = make()
+    diagnostics = []
+    h.client_node.create_subscription(DiagnosticArray, '/diagnostics',
+                                      lambda m: diagnostics.extend(m.status), 10)
+    observations = obs_range(0, 6)
+    ref = h.reference(observations)
+    got = h.steps(observations[:3])
+    bad = [[0.0] * 5, [0.0] * 7, [], [float('nan')] + [0.0] * 5,
+           [0.0] * 5 + [float('inf')], [float('-inf')] * 6]
+    wait_for(lambda: h.node._diag_pub.get_subscription_count() > 0, what='diagnostics match')
+    n = h.client.actions_received()
+    for b in bad:
+        h.client.publish_only(b)
+    got += h.steps(observations[3:])          # in order after the bad ones
+    assert got == ref
+    assert h.client.actions_received() == n + 3
+    wait_for(lambda: h.client.last_status is not None
+             and h.client.last_status.rejected_observations == len(bad)
+             and h.client.last_status.step == 6, what='status with 6 refused observations')
+    mine = f'flashrt_ros: {h.name}'
+    wait_for(lambda: any(d.name == mine and d.level == DiagnosticStatus.WARN
+                         for d in list(diagnostics)), what='WARN diagnostics')
+    warn = [d for d in list(diagnostics) if d.name == mine and d.level == DiagnosticStatus.WARN]
+    assert 'refused' in warn[0].message
+    values = {kv.key: kv.value for kv in warn[-1].values}
+    assert values['rejected_observations'] == str(len(bad))
+
+
+# -- action identity --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('params', [RECURRENT, HISTORY], ids=['recurrent', 'history'])
+def test_restore_replays_bit_for_bit(make, params):
+    h = make(params)
+    first = h.steps(obs_range(0, 12))
+    assert first == h.reference(obs_range(0, 12))
+    r = h.call('snapshot', name='branch')
+    assert r.success and r.capsule.step == 12, r.message
+    if params is HISTORY:
+        assert r.capsule.position == 12
+    branch = obs_range(100, 10)
+    original = h.steps(branch)
+    other = h.steps(obs_range(500, 4))         # wander off, then come back
+    assert other != original[:4]
+    r = h.call('restore', name='branch')
+    assert r.success, r.message
+    replay = h.steps(branch)
+    assert replay == original
+    wait_for(lambda: h.client.last_status is not None and h.client.last_status.step == 22,
+             what='status step 22')
+
+
+def test_reset_episode_restores_first_steps_and_bumps_episode(make):
+    h = make()
+    observations = obs_range(0, 8)
+    first = h.steps(observations)
+    wait_for(lambda: h.client.last_status is not None and h.client.last_status.step == 8,
+             what='status at step 8')
+    assert h.client.last_status.episode == 0
+    r = h.call('reset_episode')
+    assert r.success and 'episode_start' in r.message, r.message
+    wait_for(lambda: h.client.last_status.episode == 1 and h.client.last_status.step == 0,
+             what='status episode 1, step 0')
+    assert h.steps(observations) == first
+    assert h.call('reset_episode').success
+    wait_for(lambda: h.client.last_status.episode == 2, what='status episode 2')
+    assert h.steps(observations[:3]) == first[:3]
+
+
+# -- lifecycle --------------------------------------------------------------------------------
+
+def test_lifecycle_cycle(make):
+    h = make()
+    observations = obs_range(0, 5)
+    first = h.steps(observations)
+    h.deactivate()
+    assert h.node.trigger_cleanup() == SUCCESS
+    assert h.node.engine is None
+    refused(h.call('snapshot', name='x'), 'unconfigured')
+    assert h.call('list_capsules').capsules == []
+    assert h.node.trigger_configure() == SUCCESS
+    h.activate()
+    assert h.steps(observations) == first      # a fresh engine: the first-step behaviour
+    assert h.call('snapshot', name='again').success
+
+
+@pytest.mark.parametrize('name, value', [('policy_type', 'foo'), ('obs_dim', 0),
+                                         ('rollback_depth', 0), ('device', 'tpu')])
+def test_invalid_parameter_fails_configure(make, capfd, name, value):
+    h = make(dict(RECURRENT, **{name: value}), start=False)
+    assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
+    assert h.node.engine is None
+    err = ''
+    deadline = time.monotonic() + 5
+    while f"parameter '{name}'" not in err and time.monotonic() < deadline:
+        err += capfd.readouterr().err
+        time.sleep(0.01)
+    assert 'configure failed' in err and f"parameter '{name}'" in err, err
+    # Fixing the parameter makes the next configure work.
+    good = dict(PARAMETERS, device='cpu', **RECURRENT)[name]
+    h.node.set_parameters([Parameter(name, value=good)])
+    assert h.node.trigger_configure() == SUCCESS
+    h.activate()
+    assert len(h.client.step(obs(0))) == 3
+
+
+# -- concurrency ------------------------------------------------------------------------------
+
+def test_concurrent_calls_race_with_stream(make):
+    h = make()
+    stop = threading.Event()
+    errors, taken, outcomes, streamed = [], [], [], [0]
+
+    def stream():
+        try:
+            while not stop.is_set():
+                h.client.step(obs(streamed[0]))
+                streamed[0] += 1
+        except Exception as exc:  # noqa: B902 - reported by the main thread
+            errors.append(exc)
+
+    def worker(seed):
+        rnd = random.Random(seed)
+        try:
+            for i in range(40):
+                op = rnd.choice(['snapshot', 'restore', 'rollback', 'list', 'fork', 'delete'])
+                if op == 'snapshot':
+                    r = h.call('snapshot', name=f'race-{seed}-{i}')
+                    if r.success:
+                        taken.append(r.capsule.name)
+                elif op == 'restore':
+                    r = h.call('restore', name=rnd.choice(taken or ['episode_start']))
+                elif op == 'rollback':
+                    r = h.call('rollback', steps=rnd.randint(1, 3))
+                elif op == 'fork':
+                    r = h.call('fork', source='', target=f'fork-{seed}-{i}')
+                elif op == 'delete':     # a fork of this worker, maybe never taken
+                    r = h.call('delete_capsule', name=f'fork-{seed}-{rnd.randrange(i + 1)}')
+                else:
+                    assert h.call('list_capsules').capsules
+                    continue
+                assert r.success or (r.message and 'internal error' not in r.message), r.message
+                outcomes.append((op, r.success))
+        except Exception as exc:  # noqa: B902
+            errors.append(exc)
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    workers = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    stop.set()
+    streamer.join(30)
+    assert not errors, errors
+    assert len(taken) >= 5
+    # It was a race: steps ran while the calls did, and restores and rollbacks took effect.
+    assert streamed[0] >= 20, streamed
+    for op in ('restore', 'rollback'):
+        assert (op, True) in outcomes, outcomes
+    engine = h.node.engine
+    names = h.names()
+    continuation = obs_range(1000, 6)
+    for name in taken[:: max(1, len(taken) // 4)]:
+        assert name in names
+        m = engine.store.get(name).manifest
+        meta = engine.arena.unpack(engine.store.data_on(name, 'cpu'), m.position)['meta']
+        assert meta[:3].tolist() == [m.step, m.episode, m.position], name  # not torn
+        r = h.call('restore', name=name)
+        assert r.success and r.capsule.step == m.step, r.message
+        a = h.steps(continuation)
+        assert h.call('restore', name=name).success
+        assert h.steps(continuation) == a, name
+        # The continuation equals that of the capsule's bytes on a fresh engine.
+        ref, _ = reference_actions(h.params, [], h.tmp_path / f'ref-{name}')
+        ref.store.put(Capsule(replace(m, tier='device', pinned=False),
+                              engine.store.data_on(name, 'cpu')))
+        ref.restore(name)
+        assert [ref.step(o).tolist() for o in continuation] == a, name
