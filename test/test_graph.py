@@ -11,7 +11,9 @@ OBS, ACT = 12, 4
 POLICIES = [('recurrent', dict(rnn_hidden_dim=64, actor_hidden_dims=(64, 32), noise_std=0.1)),
             ('recurrent', dict(rnn_type='gru', rnn_hidden_dim=64, actor_hidden_dims=(64,))),
             ('history', dict(d_model=64, n_layers=4, heads=4, capacity=128, chunk=4,
-                             noise_std=0.1))]
+                             noise_std=0.1)),
+            ('history', dict(d_model=64, n_layers=4, heads=4, capacity=128, chunk=4,
+                             dtype='bfloat16'))]
 
 
 def cuda_or_skip():

@@ -14,10 +14,10 @@ REC = dict(rnn_hidden_dim=32, actor_hidden_dims=(32, 16))
 HIST = dict(d_model=32, n_layers=4, heads=4, capacity=64, chunk=4)
 
 
-def bind(policy):
+def bind(policy, device='cpu'):
     '''Allocate the policy's state in a StateArena (plus meta), bind and reset it.'''
     meta = BufferSpec('meta', (4,), torch.int64, 'meta')
-    arena = StateArena(policy.state_specs() + [meta], 'cpu')
+    arena = StateArena(policy.state_specs() + [meta], device)
     policy.bind(arena.views)
     policy.reset_state()
     return arena.views
@@ -25,12 +25,12 @@ def bind(policy):
 
 def run(policy, observations):
     '''Step through observations [T, OBS]; returns actions [T, ACT].'''
-    action = torch.zeros(ACT)
+    action = torch.zeros(ACT, device=observations.device)
     out = []
     for obs in observations:
         policy.step(obs, action)
         out.append(action.clone())
-    return torch.stack(out) if out else torch.zeros(0, ACT)
+    return torch.stack(out) if out else torch.zeros(0, ACT, device=observations.device)
 
 
 def clone_state(views):
@@ -347,3 +347,22 @@ def test_history_sizes_for_the_benchmark_model():
                                chunk=8)
     n = sum(p.numel() for p in policy.parameters())
     assert 190e6 < n < 215e6, n
+
+
+@pytest.mark.cuda
+def test_prefill_matches_stepping_on_cuda():
+    if not torch.cuda.is_available():
+        print('CUDA is not available: this test runs on the GPU machine')
+        pytest.skip('CUDA is not available')
+    observations = torch.randn(40, OBS, generator=torch.Generator().manual_seed(3)).cuda()
+    stepped = make_policy('history', OBS, ACT, seed=4, device='cuda', **HIST)
+    filled = make_policy('history', OBS, ACT, seed=4, device='cuda', **HIST)
+    vs = bind(stepped, 'cuda')
+    bind(filled, 'cuda')
+    run(stepped, observations[:33])
+    filled.prefill(observations[:33])
+    assert torch.equal(vs['cursor'], filled.views['cursor'])
+    # fp32 on CUDA: fused attention and cuDNN's conv may use other reduction orders (and TF32
+    # in cuDNN convolutions), so the bound is looser than on CPU
+    torch.testing.assert_close(run(filled, observations[33:]), run(stepped, observations[33:]),
+                               atol=2e-3, rtol=2e-3)
