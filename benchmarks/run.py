@@ -107,6 +107,8 @@ def environment(device, mode):
                            '--format=csv,noheader']).splitlines()[0:1] if cuda else [],
            'torch': torch.__version__, 'cuda': torch.version.cuda or '',
            'python': platform.python_version(), 'cpu_threads': torch.get_num_threads(),
+           # other work on the machine at the start: CPU figures move with it
+           'load_average_1m': os.getloadavg()[0],
            'git_commit': _run(['git', 'rev-parse', '--short', 'HEAD']),
            'git_dirty': bool(_run(['git', 'status', '--porcelain', '--', 'flashrt_ros']))}
     env['driver'] = env['driver'][0] if env['driver'] else ''
@@ -137,7 +139,8 @@ def render(results):
     head.append(f'# flashrt_ros benchmarks: {env["device_name"]} ({env["mode"]})\n')
     head.append(f'{env["date"]}, {env["hostname"]}, torch {env["torch"]}, CUDA '
                 f'{env["cuda"] or "-"}, driver {env["driver"] or "-"}, Python {env["python"]}, '
-                f'commit {env["git_commit"]}{" (runtime modified)" if env["git_dirty"] else ""}.'
+                f'commit {env["git_commit"]}{" (runtime modified)" if env["git_dirty"] else ""}, '
+                f'load average {env["load_average_1m"]:.1f} at start.'
                 ' Times in us unless marked; "x" columns are ratios measured in the same run.\n')
     r, parts = results['sections'], {}
     s = r.get('capsule_ops')
