@@ -25,6 +25,7 @@ SERVICE_TYPES = {
     'save_capsule': fsrv.SaveCapsule,
     'load_capsule': fsrv.LoadCapsule,
     'reset_episode': Trigger,
+    'recover': Trigger,
 }
 
 
@@ -73,9 +74,12 @@ class PolicyClient:
             left = max(0.0, deadline - time.monotonic())
             if not client.wait_for_service(timeout_sec=left):
                 raise TimeoutError(f'service {self.policy}/{name} did not appear')
-        while self._obs_pub.get_subscription_count() == 0:
+        action_topic = f'{self.policy}/action'
+        while (self._obs_pub.get_subscription_count() == 0
+               or self.node.count_publishers(action_topic) == 0):
             if time.monotonic() > deadline:
-                raise TimeoutError(f'nobody subscribes to {self.policy}/observation')
+                raise TimeoutError(f'{self.policy}/observation and {action_topic} are not '
+                                   'both connected: is the policy node active?')
             time.sleep(0.01)
 
     def call(self, service, **fields):

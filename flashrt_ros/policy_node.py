@@ -61,8 +61,15 @@ PARAMETERS = {
     'qos_depth': 10,
     'qos_reliability': 'reliable',
     'status_period': 1.0,
+    'checkpoint_every': 0,
+    'checkpoint_keep': 3,
+    'checkpoint_to_disk': False,
+    'poison_check': True,
+    'on_poison': 'recover',
+    'restore_on_start': '',
 }
 EPISODE_START = 'episode_start'
+CHECKPOINT = 'checkpoint-'        # + zero-padded sequence number; newest = highest
 STATE_NAMES = {State.PRIMARY_STATE_UNCONFIGURED: 'unconfigured',
                State.PRIMARY_STATE_INACTIVE: 'inactive',
                State.PRIMARY_STATE_ACTIVE: 'active',
@@ -101,6 +108,11 @@ class PolicyNode(LifecycleNode):
         self.config = None
         self._state = 'unconfigured'
         self._rejected = 0            # refused before reaching the engine (joint names, ...)
+        self._poisoned = 0            # steps whose action or state held NaN/Inf
+        self._holding = False         # on_poison 'hold': refuse observations until restored
+        self._scrub = False           # a poisoned step may have left NaN rows past position
+        self._checkpoint_seq = 0
+        self._resumed_from = ''
         self._rejected_reported = 0
         self._obs_sub = self._status_timer = None
         self._action_pub = self._status_pub = self._diag_pub = None
@@ -116,6 +128,7 @@ class PolicyNode(LifecycleNode):
             (fsrv.SaveCapsule, 'save_capsule', self.save_capsule_callback),
             (fsrv.LoadCapsule, 'load_capsule', self.load_capsule_callback),
             (Trigger, 'reset_episode', self.reset_episode_callback),
+            (Trigger, 'recover', self.recover_callback),
         ]
         for srv_type, name, callback in services:
             self.create_service(srv_type, '~/' + name, callback,
@@ -148,6 +161,11 @@ class PolicyNode(LifecycleNode):
         need(cfg['device_budget_mb'] >= 0 and cfg['host_budget_mb'] >= 0, 'device_budget_mb',
              'budgets must be >= 0')
         need(cfg['status_period'] > 0.0, 'status_period', 'must be > 0')
+        need(cfg['checkpoint_every'] >= 0, 'checkpoint_every', 'must be >= 0 (0: off)')
+        need(cfg['checkpoint_keep'] >= 1, 'checkpoint_keep', 'must be >= 1')
+        need(cfg['on_poison'] in ('recover', 'hold'), 'on_poison',
+             "must be 'recover' (restore the newest valid checkpoint) or 'hold' (publish "
+             'nothing until a restore, recover or reset_episode)')
         need(cfg['qos_reliability'] in ('reliable', 'best_effort'), 'qos_reliability',
              "must be 'reliable' or 'best_effort'")
         need(cfg['observation_type'] in ('float32_array', 'joint_state'), 'observation_type',
@@ -200,12 +218,14 @@ class PolicyNode(LifecycleNode):
         try:
             cfg = self._read_config()
             self.engine = self._build_engine(cfg)
+            self.config = cfg
+            self._resume(cfg['restore_on_start'])
         except Exception as exc:  # noqa: B902 - rclpy would swallow it without a word
             self.get_logger().error(f'configure failed: {exc}')
-            self.engine = None
+            self.engine = self.config = None
             return TransitionCallbackReturn.FAILURE
-        self.config = cfg
-        self._rejected = self._rejected_reported = 0
+        self._rejected = self._rejected_reported = self._poisoned = 0
+        self._holding = self._scrub = False
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg['qos_depth'],
                          reliability=(ReliabilityPolicy.RELIABLE
                                       if cfg['qos_reliability'] == 'reliable'
@@ -232,8 +252,12 @@ class PolicyNode(LifecycleNode):
                                                  callback_group=self._obs_group)
         self._status_timer = self.create_timer(cfg['status_period'], self.publish_status)
         try:
-            result = self.engine.snapshot(EPISODE_START, overwrite=True, pin=True)
-            self.get_logger().info(result.message)
+            # Kept across deactivate/activate; a resumed process keeps the one it loaded.
+            if EPISODE_START not in self.engine.store and not self._resumed_from:
+                result = self.engine.snapshot(EPISODE_START, pin=True)
+                self.get_logger().info(result.message)
+                if cfg['checkpoint_to_disk']:
+                    self.engine.save(EPISODE_START)
         except FlashRTError as exc:   # e.g. zero budgets: run on, reset uses the initial state
             self.get_logger().warning(f'no {EPISODE_START!r} capsule: {exc}; reset_episode '
                                       'will start from the initial state')
@@ -302,6 +326,12 @@ class PolicyNode(LifecycleNode):
         engine = self.engine
         if not self.active or engine is None:
             return
+        if self._holding:
+            self._rejected += 1
+            self.get_logger().error('observation refused: the state was poisoned (NaN/Inf); '
+                                    'call ~/recover, ~/restore or ~/reset_episode',
+                                    throttle_duration_sec=1.0)
+            return
         try:
             obs = self._observation_vector(msg)
         except InvalidObservation as exc:
@@ -315,7 +345,113 @@ class PolicyNode(LifecycleNode):
                 self._rejected += 1       # the engine counts the InvalidObservation ones
             self.get_logger().warning(f'observation refused: {exc}', throttle_duration_sec=1.0)
             return
+        if self.config['poison_check'] and self._poison(engine, action):
+            return
         self._action_pub.publish(self._action_message(action))
+        every = self.config['checkpoint_every']
+        if every and engine.step_index % every == 0:
+            self._checkpoint(engine)
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def _poison(self, engine, action):
+        """True (and nothing published) when the action or the recurrent state is not finite.
+
+        Every step checks the action and the static buffers (recurrent, conv, chunk, counters);
+        the KV history is checked when a checkpoint is taken or chosen for recovery.
+        """
+        bad = [] if bool(torch.isfinite(action).all()) else ['action']
+        bad += engine.nonfinite_buffers(static_only=True)
+        if not bad:
+            return False
+        self._poisoned += 1
+        self._scrub = True
+        self.get_logger().error(f'poisoned state at step {engine.step_index}: NaN/Inf in '
+                                f'{", ".join(bad)}; action not published')
+        if self.config['on_poison'] == 'recover':
+            try:
+                self.get_logger().warning(self._recover(engine))
+            except FlashRTError as exc:
+                self._holding = True
+                self.get_logger().error(f'recovery failed ({exc}); holding until a restore')
+        else:
+            self._holding = True
+        return True
+
+    def _clear_poison(self, engine):
+        """After a restore that ends a poisoned stretch: NaN rows the poisoned steps wrote past
+        the restored position would leak into attention, so they are zeroed once."""
+        if self._scrub:
+            engine.clear_beyond_position()
+        self._holding = self._scrub = False
+
+    def _checkpoints(self, engine):
+        return sorted((m.name for m in engine.store.list() if m.name.startswith(CHECKPOINT)),
+                      reverse=True)
+
+    def _checkpoint(self, engine):
+        """A host-tier capsule (and file) of the live state; keeps the newest checkpoint_keep."""
+        if engine.nonfinite_buffers():
+            self.get_logger().error('checkpoint skipped: the live state holds NaN/Inf')
+            return
+        self._checkpoint_seq += 1
+        name = f'{CHECKPOINT}{self._checkpoint_seq:08d}'
+        try:
+            engine.snapshot(name, overwrite=True, tier='host')
+            if self.config['checkpoint_to_disk']:
+                engine.save(name)     # atomic: a crash mid-write never leaves a loadable file
+            for old in self._checkpoints(engine)[self.config['checkpoint_keep']:]:
+                engine.delete(old)
+                path = os.path.join(engine.store.directory, old + '.capsule')
+                if self.config['checkpoint_to_disk'] and os.path.exists(path):
+                    os.unlink(path)
+        except (FlashRTError, OSError) as exc:
+            self.get_logger().error(f'checkpoint {name!r} failed: {exc}',
+                                    throttle_duration_sec=5.0)
+
+    def _recover(self, engine):
+        """Restores the newest checkpoint whose bytes are all finite, else episode_start."""
+        for name in self._checkpoints(engine) + [EPISODE_START]:
+            if name in engine.store and not engine.nonfinite_buffers(name):
+                result = engine.restore(name)
+                self._clear_poison(engine)
+                return f'recovered: {result.message}'
+        raise FlashRTError('no valid checkpoint or episode_start capsule to recover from')
+
+    def _resume(self, what):
+        """restore_on_start: '' (off), 'latest' (newest loadable checkpoint file), or a file
+        in the capsule directory. A named file that cannot be restored fails configure."""
+        engine = self.engine
+        directory = engine.store.directory
+        self._resumed_from = ''
+        files = sorted((f for f in os.listdir(directory) if f.startswith(CHECKPOINT)
+                        and f.endswith('.capsule')), reverse=True) \
+            if os.path.isdir(directory) else []
+        if files:      # continue the sequence of the process that wrote them
+            self._checkpoint_seq = int(files[0][len(CHECKPOINT):-len('.capsule')] or 0)
+        if not what:
+            return
+        candidates = files if what == 'latest' else [what]
+        for path in candidates:
+            try:
+                name = engine.load(path, overwrite=True).manifest.name
+                bad = engine.nonfinite_buffers(name)
+                if bad:
+                    raise FlashRTError(f'{path} holds NaN/Inf in {", ".join(bad)}')
+                engine.restore(name)
+            except FlashRTError as exc:
+                if what != 'latest':
+                    raise
+                self.get_logger().warning(f'restore_on_start: skipping {path}: {exc}')
+                continue
+            self._resumed_from = path
+            if os.path.exists(os.path.join(directory, EPISODE_START + '.capsule')):
+                engine.load(EPISODE_START + '.capsule', overwrite=True)
+            self.get_logger().info(f'restore_on_start: resumed from {path} at step '
+                                   f'{engine.step_index}')
+            return
+        self.get_logger().info(f'restore_on_start: no usable checkpoint in {directory}; '
+                               'starting fresh')
 
     def _action_message(self, action):
         values = action.numpy()
@@ -330,7 +466,8 @@ class PolicyNode(LifecycleNode):
         return out
 
     def rejected_observations(self):
-        return self._rejected + (self.engine.rejected_observations if self.engine else 0)
+        return self._rejected + self._poisoned + (
+            self.engine.rejected_observations if self.engine else 0)
 
     # -- status and diagnostics ----------------------------------------------------------------
 
@@ -411,8 +548,10 @@ class PolicyNode(LifecycleNode):
             request.name, overwrite=request.overwrite, pin=request.pin)))
 
     def restore_callback(self, request, response):
-        return self._serve(response, lambda: self._fill(response,
-                                                        self.engine.restore(request.name)))
+        def op():
+            self._fill(response, self.engine.restore(request.name))
+            self._clear_poison(self.engine)
+        return self._serve(response, op)
 
     def fork_callback(self, request, response):
         return self._serve(response, lambda: self._fill(response, self.engine.fork(
@@ -453,7 +592,16 @@ class PolicyNode(LifecycleNode):
             request.path, request.name, overwrite=request.overwrite)))
 
     def reset_episode_callback(self, request, response):
-        return self._serve(response, lambda: self._fill(response, self.engine.reset_episode()))
+        def op():
+            self._fill(response, self.engine.reset_episode())
+            self._clear_poison(self.engine)
+        return self._serve(response, op)
+
+    def recover_callback(self, request, response):
+        """Restores the newest checkpoint that passes validation (finite bytes)."""
+        def op():
+            response.message = self._recover(self.engine)
+        return self._serve(response, op)
 
 
 def main(args=None):

@@ -41,7 +41,7 @@ def obs_range(start, count, dim=6):
     return [obs(t, dim) for t in range(start, start + count)]
 
 
-def wait_for(predicate, timeout=10.0, what='condition'):
+def wait_for(predicate, timeout=30.0, what='condition'):
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -71,7 +71,7 @@ class Harness:
         overrides = [Parameter(k, value=v) for k, v in self.params.items()]
         self.node = PolicyNode(self.name, parameter_overrides=overrides)
         self.client_node = rclpy.create_node(self.name + '_client')
-        self.client = PolicyClient(self.client_node, '/' + self.name, timeout=10.0)
+        self.client = PolicyClient(self.client_node, '/' + self.name, timeout=30.0)
         self.executor = spin_in_thread(self.node, self.client_node)
         if start:
             assert self.node.trigger_configure() == SUCCESS

@@ -208,6 +208,34 @@ class PolicyEngine:
             self.rollback_available = 0   # ring slots are indexed by step, prefill is not one
             self._check()
 
+    def nonfinite_buffers(self, name=None, static_only=False):
+        """Names of floating-point buffers holding NaN/Inf in the live state (or in capsule
+        `name`), live range only; static_only skips the append (history) buffers. Costs one
+        reduction per buffer and one device sync."""
+        with self._lock:
+            if name is None:
+                position = self.position
+                views = self.arena.unpack(self.arena.storage, position)
+            else:
+                m = self.store.get(name).manifest
+                views = self.arena.unpack(self.store.data_on(name, self.device), m.position)
+            floats = [(n, v) for n, v in views.items() if v.is_floating_point() and not (
+                static_only and self.arena.specs[n].growth == 'append')]
+            if not floats:
+                return []
+            flags = torch.stack([torch.isfinite(v).all() for _, v in floats]).tolist()
+            return [n for (n, _), ok in zip(floats, flags) if not ok]
+
+    def clear_beyond_position(self):
+        """Zeroes the append rows past the live position.
+
+        Normally unneeded: steps mask those rows out. But a NaN/Inf row left there by a
+        poisoned step would still reach the output (0 * NaN is NaN), so recovery from a
+        poisoned state calls this once. Costs a write of the unused capacity.
+        """
+        with self._lock:
+            self.arena.storage[self.arena.live_nbytes(self.position):].zero_()
+
     def step_latency_us(self):
         """(p50, p99) over recent steps; NaN before the first step."""
         if not self._latencies:
@@ -229,7 +257,7 @@ class PolicyEngine:
     def _result(self, message, manifest, us):
         return OpResult(True, message, manifest, us, self.step_index)
 
-    def _take(self, name, overwrite, pin):
+    def _take(self, name, overwrite, pin, tier='device'):
         if not name:
             self._snap_count += 1
             name = f'snap-{self.step_index}-{self._snap_count}'
@@ -237,22 +265,30 @@ class PolicyEngine:
         if name in self.store and not overwrite:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
         with _Timer(self.device) as timer:
+            # tier 'host': one copy straight into (pinned) host memory, e.g. for checkpoints
+            # that should not take device budget.
             data = torch.empty(self.arena.live_nbytes(self.position), dtype=torch.uint8,
-                               device=self.device)
+                               device=self.device if tier == 'device' else 'cpu',
+                               pin_memory=tier == 'host' and self.device.type == 'cuda')
             self.arena.read_live(self.position, data)
         # No checksum here: it would cost a device->host read on the hot path. It is computed
         # when the capsule is written to disk and checked on every read from disk.
-        m = Manifest(name=name, parent=self._lineage, tier='device', pinned=bool(pin),
+        m = Manifest(name=name, parent=self._lineage, tier=tier, pinned=bool(pin),
                      step=self.step_index, episode=self.episode, position=self.position,
                      nbytes=data.numel(), schema_digest=self.arena.schema_digest,
                      model_digest=self.model_digest, created=time.time())
         self.store.put(Capsule(m, data), overwrite=overwrite)
         return replace(m), timer.us
 
-    def snapshot(self, name='', overwrite=False, pin=False):
-        """Copy the live bytes into a new capsule (one copy). The live state is not changed."""
+    def snapshot(self, name='', overwrite=False, pin=False, tier='device'):
+        """Copy the live bytes into a new capsule (one copy). The live state is not changed.
+
+        tier: 'device' (default) or 'host' (pinned host memory).
+        """
+        if tier not in ('device', 'host'):
+            raise InvalidConfig(f"snapshot tier must be 'device' or 'host', got {tier!r}")
         with self._lock:
-            m, us = self._take(name, overwrite, pin)
+            m, us = self._take(name, overwrite, pin, tier)
             return self._result(f'snapshot {m.name!r}: {m.nbytes} bytes at step {m.step}',
                                 m, us)
 
