@@ -1,121 +1,134 @@
-"""Section 7: end to end through ROS. PolicyNode in-process on a MultiThreadedExecutor, a client
-node on the same executor: ~/restore round trips and observation -> action latency.
+"""Section 7: end to end through ROS, as deployed: the policy node in its own process
+(the installed `policy_node` executable), this process as the planner (a PolicyClient).
 
-Runs only with --ros and only where rclpy and the generated flashrt_ros interfaces import
-(source the colcon install first); otherwise the section says why it was skipped.
+Measures ~/restore call -> response round trips (with the node's device-timed restore
+beside them) and observation -> action latency through the topics, lock-step.
+
+Runs only with --ros and only where rclpy, the generated flashrt_ros interfaces and the
+installed executable are found (source the colcon install first); otherwise the section says
+why it was skipped.
 """
 
-import array
+import os
+import pathlib
+import subprocess
 import tempfile
-import threading
 import time
 
 import torch
 
 from .timing import stats
 
-NODE = 'flashrt_policy'
+WARMUP = 50     # calls and messages before measuring: DDS discovery settles
+
+
+def _executable():
+    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
+        exe = pathlib.Path(prefix) / 'lib' / 'flashrt_ros' / 'policy_node'
+        if prefix and exe.exists():
+            return str(exe)
+    return None
 
 
 def ros_section(cfg, device, log):
     try:
         import rclpy
-        from rclpy.executors import MultiThreadedExecutor
-        from rclpy.lifecycle import TransitionCallbackReturn
-        from rclpy.parameter import Parameter
-        from std_msgs.msg import Float32MultiArray
 
-        from flashrt_ros import srv as fsrv
-        from flashrt_ros.policy_node import PolicyNode
-    except Exception as exc:     # ImportError, or a node module that does not load yet
+        from flashrt_ros.client import PolicyClient, spin_in_thread
+    except Exception as exc:     # ImportError, or a module that does not load
         return {'skipped': f'ROS path not importable: {exc!r}'}
-
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    overrides = [Parameter('device', value=str(device)),
-                 Parameter('capsule_dir', value=tempfile.mkdtemp(prefix='frt-bench-ros-')),
-                 Parameter('policy_type', value=cfg['policy_type'])]
-    node = PolicyNode(context=context, parameter_overrides=overrides)
-    client = rclpy.create_node('flashrt_bench_client', context=context)
-    executor = MultiThreadedExecutor(context=context)
-    spinner = None
+    exe = _executable()
+    if exe is None:
+        return {'skipped': 'policy_node executable not found on AMENT_PREFIX_PATH '
+                           '(source install/setup.bash)'}
+    name = f'flashrt_bench_{os.getpid()}'
+    capsules = tempfile.mkdtemp(prefix='frt-bench-ros-')
+    node_log = open(os.path.join(capsules, 'node.log'), 'w')
+    proc = subprocess.Popen(
+        [exe, '--ros-args', '-r', f'__node:={name}', '-p', f'device:={device}',
+         '-p', f'policy_type:={cfg["policy_type"]}', '-p', f'capsule_dir:={capsules}'],
+        stdout=node_log, stderr=subprocess.STDOUT)
+    rclpy.init()
+    node = rclpy.create_node('flashrt_bench_client')
+    client = PolicyClient(node, '/' + name, timeout=30.0)
+    executor = spin_in_thread(node)
     try:
-        # what main() does with autostart: configure, then activate
-        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS or \
-                node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
-            return {'skipped': 'PolicyNode failed to configure/activate (see its log)'}
-        executor.add_node(node)
-        executor.add_node(client)
-        spinner = threading.Thread(target=executor.spin, daemon=True)
-        spinner.start()
+        client.wait_ready(timeout=120.0)
         out = {'calls': cfg['calls'], 'policy_type': cfg['policy_type'],
-               'graph': bool(node.engine.graph_captured)}
-        out['restore'] = _restore_round_trips(client, fsrv, cfg['calls'], log)
-        out['observation_to_action'] = _topic_round_trips(
-            client, Float32MultiArray, node.engine.obs_dim, cfg['calls'], log)
+               'process': 'policy_node in its own process'}
+        out['restore'] = _restore_round_trips(client, cfg['calls'], log)
+        out['observation_to_action'] = _topic_round_trips(client, cfg['calls'], log)
+        status = _wait_status(client)
+        out['graph'] = bool(status.cuda_graph) if status else None
+        out['device'] = status.device if status else None
         return out
+    except TimeoutError as exc:
+        node_log.flush()
+        return {'skipped': f'{exc}; node log: {open(node_log.name).read()[-2000:]}'}
     finally:
         executor.shutdown()
-        if spinner is not None:
-            spinner.join(timeout=5)
-        try:
-            node.trigger_deactivate()
-            node.trigger_cleanup()
-        except Exception:        # teardown of a half-started node must not hide the result
-            pass
         node.destroy_node()
-        client.destroy_node()
-        context.try_shutdown()
+        rclpy.try_shutdown()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        node_log.close()
 
 
-def _restore_round_trips(client, fsrv, n, log):
-    cli = client.create_client(fsrv.Restore, f'/{NODE}/restore')
-    if not cli.wait_for_service(timeout_sec=10.0):
-        return {'skipped': f'/{NODE}/restore did not appear within 10 s'}
+def _wait_status(client, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while client.last_status is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return client.last_status
+
+
+def _restore_round_trips(client, n, log):
     walls, served, failures = [], [], 0
-    for i in range(n + 20):
-        request = fsrv.Restore.Request()
-        request.name = 'episode_start'          # the pinned capsule activate() takes
-        done = threading.Event()
-        t0 = time.perf_counter()
-        future = cli.call_async(request)
-        future.add_done_callback(lambda _f: done.set())
-        if not done.wait(5.0):
-            failures += 1
-            continue
-        us = (time.perf_counter() - t0) * 1e6
-        response = future.result()
+    for i in range(n + WARMUP):
+        response, seconds = client.call('restore', name='episode_start')
         if not response.success:
             failures += 1
             continue
-        if i >= 20:                              # the first calls set up DDS paths
-            walls.append(us)
+        if i >= WARMUP:
+            walls.append(seconds * 1e6)
             served.append(float(response.latency_us))
     log(f'  restore service: {len(walls)} calls, p50 {stats(walls)["p50"]:.0f} us')
     return {'round_trip': stats(walls), 'node_reported_latency': stats(served),
             'failures': failures}
 
 
-def _topic_round_trips(client, msg_type, obs_dim, n, log):
-    got = threading.Event()
-    client.create_subscription(msg_type, f'/{NODE}/action', lambda _m: got.set(), 10)
-    pub = client.create_publisher(msg_type, f'/{NODE}/observation', 10)
-    deadline = time.time() + 10.0
-    while time.time() < deadline and (pub.get_subscription_count() < 1 or
-                                      client.count_publishers(f'/{NODE}/action') < 1):
-        time.sleep(0.05)
-    values = torch.randn(n + 20, obs_dim, generator=torch.Generator().manual_seed(5))
+def _topic_round_trips(client, n, log):
+    dim = None
     walls, lost = [], 0
-    for i in range(n + 20):
-        msg = msg_type()
-        msg.data = array.array('f', values[i].numpy().tobytes())
-        got.clear()
+    values = torch.randn(n + WARMUP, 4096, generator=torch.Generator().manual_seed(5))
+    for i in range(n + WARMUP):
+        if dim is None:
+            dim = _obs_dim(client)
         t0 = time.perf_counter()
-        pub.publish(msg)
-        if not got.wait(2.0):
-            lost += 1
+        try:
+            client.step(values[i, :dim].tolist())
+        except TimeoutError:
+            lost += int(i >= WARMUP)
             continue
-        if i >= 20:
+        if i >= WARMUP:
             walls.append((time.perf_counter() - t0) * 1e6)
     log(f'  observation -> action: {len(walls)} messages, p50 {stats(walls)["p50"]:.0f} us')
     return {'round_trip': stats(walls), 'lost': lost}
+
+
+def _obs_dim(client):
+    """The node's observation size, from its parameter service's default (config)."""
+    from rcl_interfaces.srv import GetParameters
+    cli = client.node.create_client(GetParameters, f'{client.policy}/get_parameters')
+    if not cli.wait_for_service(timeout_sec=10.0):
+        raise TimeoutError('get_parameters did not appear')
+    request = GetParameters.Request(names=['obs_dim'])
+    future = cli.call_async(request)
+    deadline = time.monotonic() + 10.0
+    while not future.done():
+        if time.monotonic() > deadline:
+            raise TimeoutError('get_parameters did not answer')
+        time.sleep(0.01)
+    return int(future.result().values[0].integer_value)

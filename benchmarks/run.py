@@ -210,8 +210,9 @@ def render(results):
         if 'skipped' in s:
             out.append(f'Skipped: {s["skipped"]}\n')
         else:
-            out.append(f'PolicyNode ({s["policy_type"]}, graph {s["graph"]}) in-process, '
-                       'MultiThreadedExecutor.\n')
+            out.append(f'policy_node ({s["policy_type"]}, {s["device"]}, CUDA graph '
+                       f'{s["graph"]}) in its own process; this process calls it through a '
+                       'PolicyClient (lock-step).\n')
             out.append('| measure | n | p50 | p99 | max |')
             out.append('|' + ' --- |' * 5)
             for name, key in (('~/restore call -> response', 'restore'),

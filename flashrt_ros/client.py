@@ -7,7 +7,7 @@ import array
 import threading
 import time
 
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray
 from std_srvs.srv import Trigger
@@ -29,13 +29,30 @@ SERVICE_TYPES = {
 }
 
 
-def spin_in_thread(*nodes):
-    """A MultiThreadedExecutor spinning `nodes` in a daemon thread; returns the executor."""
-    executor = MultiThreadedExecutor()
-    for node in nodes:
-        executor.add_node(node)
-    threading.Thread(target=executor.spin, daemon=True).start()
-    return executor
+class Spinner:
+    """An executor spinning `nodes` in a thread, until shutdown().
+
+    Single-threaded by default: rclpy's MultiThreadedExecutor (Jazzy) was seen keeping cores
+    busy spinning, in a client like this one and in the policy node, starving the control
+    loop on a small machine. multi_threaded=True is for tests of concurrent callbacks.
+    """
+
+    def __init__(self, *nodes, multi_threaded=False):
+        self.executor = MultiThreadedExecutor() if multi_threaded else SingleThreadedExecutor()
+        for node in nodes:
+            self.executor.add_node(node)
+        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread.start()
+
+    def shutdown(self):
+        """Stops spinning and joins the thread (a C++ thread left running aborts at exit)."""
+        self.executor.shutdown()
+        self.thread.join(timeout=5.0)
+
+
+def spin_in_thread(*nodes, multi_threaded=False):
+    """Starts a Spinner for `nodes`; call .shutdown() on it when done."""
+    return Spinner(*nodes, multi_threaded=multi_threaded)
 
 
 class PolicyClient:

@@ -4,10 +4,11 @@ configure: read and check parameters, build the policy, the state arena and the 
 activate: observation subscription, action/status/diagnostics publishers, a pinned
 'episode_start' capsule. deactivate/cleanup/shutdown release them in that order.
 
-Every observation is one committed step and publishes one action. Capsule services run in
-their own callback group on a multi-threaded executor; the engine's lock makes each operation
-happen between two steps. Services exist in every lifecycle state so that a call made while
-the node is not active gets a clear refusal instead of silence.
+Every observation is one committed step and publishes one action. Capsule services have
+their own callback group; the engine's lock makes each operation happen between two steps,
+on any executor (main() spins a single thread; see there for why). Services exist in every
+lifecycle state so that a call made while the node is not active gets a clear refusal
+instead of silence.
 """
 import array
 import math
@@ -15,10 +16,11 @@ import os
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from lifecycle_msgs.msg import State
+import numpy as np
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.exceptions import ParameterUninitializedException
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -304,8 +306,8 @@ class PolicyNode(LifecycleNode):
 
     def _observation_vector(self, msg):
         if isinstance(msg, Float32MultiArray):
-            return torch.frombuffer(array.array('f', msg.data), dtype=torch.float32) \
-                if len(msg.data) else torch.zeros(0)
+            return np.asarray(msg.data, dtype=np.float32) \
+                if len(msg.data) else np.zeros(0, np.float32)
         index = {name: i for i, name in enumerate(msg.name)}
         joints = self.config['joint_names']
         missing = [n for n in joints if n not in index]
@@ -319,7 +321,7 @@ class PolicyNode(LifecycleNode):
             if len(row) != len(msg.name):
                 raise InvalidObservation('joint_state position/velocity length differs from name')
             values += [row[index[n]] for n in joints]
-        return torch.tensor(values, dtype=torch.float32)
+        return np.asarray(values, dtype=np.float32)
 
     def observation_callback(self, msg):
         """One observation = one committed step = one published action."""
@@ -607,7 +609,12 @@ class PolicyNode(LifecycleNode):
 def main(args=None):
     rclpy.init(args=args)
     node = PolicyNode()
-    executor = MultiThreadedExecutor()
+    # Single-threaded: steps and capsule operations run one at a time anyway (they meet at
+    # the engine's lock, between steps), and rclpy's MultiThreadedExecutor (Jazzy) kept a core
+    # busy spinning once services had been called: the demo took 60 s instead of 2.5 s. The
+    # callback groups stay, so a user may still compose this node into a multi-threaded
+    # executor; the engine's lock keeps that correct.
+    executor = SingleThreadedExecutor()
     executor.add_node(node)
     if node.get_parameter('autostart').value:
         # What nav2's lifecycle manager would do: configure, then activate.

@@ -40,13 +40,15 @@ def system(tmp_path_factory):
         Parameter(k, value=v) for k, v in params.items()])
     client_node = rclpy.create_node(f'episode_test_client{tag}')
     sim = make_sim_node(f'flashrt_sim_ep{tag}')
-    executor = spin_in_thread(policy, client_node, sim)
+    node_spinner = spin_in_thread(policy, sim)
+    executor = spin_in_thread(client_node)
     assert policy.trigger_configure() == TransitionCallbackReturn.SUCCESS
     assert policy.trigger_activate() == TransitionCallbackReturn.SUCCESS
-    client = PolicyClient(client_node, '/' + policy_name, timeout=10.0)
+    client = PolicyClient(client_node, '/' + policy_name, timeout=30.0)
     client.wait_ready(timeout=20.0)
     yield dict(client=client, client_node=client_node, sim=sim, policy=policy)
     executor.shutdown()
+    node_spinner.shutdown()
     for node in (policy, client_node, sim):
         node.destroy_node()
     rclpy.try_shutdown()

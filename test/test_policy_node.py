@@ -63,7 +63,7 @@ def reference_actions(params, observations, directory):
 class Harness:
     """A PolicyNode plus a client node on one executor; the node configured and active."""
 
-    def __init__(self, tmp_path, params, start=True):
+    def __init__(self, tmp_path, params, start=True, multi_threaded=False):
         self.name = f'flashrt_policy_t{next(_names)}_{os.getpid()}'
         self.params = dict(dict(device='cpu', capsule_dir=str(tmp_path / 'capsules'),
                                 status_period=0.1), **params)
@@ -72,7 +72,10 @@ class Harness:
         self.node = PolicyNode(self.name, parameter_overrides=overrides)
         self.client_node = rclpy.create_node(self.name + '_client')
         self.client = PolicyClient(self.client_node, '/' + self.name, timeout=30.0)
-        self.executor = spin_in_thread(self.node, self.client_node)
+        # The node on its own executor thread (single-threaded, as its main() runs it, unless
+        # a test wants concurrent callbacks), the client on another.
+        self.node_spinner = spin_in_thread(self.node, multi_threaded=multi_threaded)
+        self.executor = spin_in_thread(self.client_node)
         if start:
             assert self.node.trigger_configure() == SUCCESS
             self.activate()
@@ -105,6 +108,7 @@ class Harness:
 
     def close(self):
         self.executor.shutdown()
+        self.node_spinner.shutdown()
         self.node.destroy_node()
         self.client_node.destroy_node()
 
@@ -121,8 +125,8 @@ def ros():
 
 @pytest.fixture
 def make(ros, tmp_path):
-    def factory(params=RECURRENT, start=True):
-        h = Harness(tmp_path, params, start)
+    def factory(params=RECURRENT, start=True, multi_threaded=False):
+        h = Harness(tmp_path, params, start, multi_threaded)
         ros.append(h)
         return h
     return factory
@@ -419,7 +423,7 @@ def test_invalid_parameter_fails_configure(make, capfd, name, value):
 # -- concurrency ------------------------------------------------------------------------------
 
 def test_concurrent_calls_race_with_stream(make):
-    h = make()
+    h = make(multi_threaded=True)    # service callbacks really concurrent with steps
     stop = threading.Event()
     errors, taken, outcomes, streamed = [], [], [], [0]
 

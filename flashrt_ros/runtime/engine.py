@@ -11,6 +11,7 @@ import math
 import threading
 import time
 
+import numpy as np
 import torch
 
 from .capsule import Capsule, CapsuleStore, Manifest, check_compatible
@@ -31,15 +32,20 @@ class OpResult:
 
 
 class _Timer:
-    """Device-timed latency: CUDA events on GPU, perf_counter on CPU."""
+    """Device-timed latency: CUDA events on GPU, perf_counter on CPU.
+
+    One instance per engine, used under the engine's lock: the two events are made once, so
+    timing adds no event creation to every operation.
+    """
 
     def __init__(self, device):
         self.cuda = device.type == 'cuda'
-
-    def __enter__(self):
         if self.cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
+
+    def __enter__(self):
+        if self.cuda:
             self._start.record()
         else:
             self._t0 = time.perf_counter()
@@ -109,8 +115,10 @@ class PolicyEngine:
         pin = self.device.type == 'cuda'
         self._obs_host = torch.zeros(self.obs_dim, dtype=torch.float32, pin_memory=pin)
         self._act_host = torch.zeros(self.act_dim, dtype=torch.float32, pin_memory=pin)
+        self._obs_np, self._act_np = self._obs_host.numpy(), self._act_host.numpy()
         self._advances = self.arena.capacity > 0     # history policies move position each step
         self._lock = threading.Lock()
+        self._timer = _Timer(self.device)
         self._latencies = deque(maxlen=1024)
         self._snap_count = 0
         self._lineage = ''          # capsule the live state descends from (manifest.parent)
@@ -142,21 +150,25 @@ class PolicyEngine:
         self._lineage = ''
 
     def _to_obs(self, obs, rows=None):
-        """Validate on the host before anything on the device is touched."""
+        """Validate on the host before anything on the device is touched.
+
+        numpy, not torch, on this per-step path: its small-array calls cost about a
+        microsecond where a torch CPU op costs several. Returns a float32 ndarray.
+        """
         try:
-            t = torch.as_tensor(obs).detach().to('cpu', torch.float32)
-        except Exception as e:
+            if torch.is_tensor(obs):
+                obs = obs.detach().cpu()
+            a = np.asarray(obs, dtype=np.float32)
+        except (TypeError, ValueError, RuntimeError) as e:
             raise InvalidObservation(f'observation is not numeric: {e}') from e
         want = (self.obs_dim,) if rows is None else (rows, self.obs_dim)
-        if tuple(t.shape) != want:
+        if a.shape != want:
             raise InvalidObservation(
-                f'observation has shape {tuple(t.shape)}, expected {want} (obs_dim '
-                f'{self.obs_dim})')
-        bad = ~torch.isfinite(t)
-        if bool(bad.any()):
-            idx = bad.nonzero()[0].tolist()
+                f'observation has shape {a.shape}, expected {want} (obs_dim {self.obs_dim})')
+        if not np.isfinite(a).all():
+            idx = np.argwhere(~np.isfinite(a))[0].tolist()
             raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
-        return t
+        return a
 
     def step(self, obs):
         """Committed boundary: obs [obs_dim] -> action (CPU float32 [act_dim]).
@@ -173,12 +185,12 @@ class PolicyEngine:
                 raise CapacityExceeded(
                     f'history is full ({self.arena.capacity} positions); reset the episode, '
                     'restore or roll back')
-            self._obs_host.copy_(t)
-            with _Timer(self.device) as timer:      # its exit synchronises the device
+            self._obs_np[:] = t
+            with self._timer as timer:      # its exit synchronises the device
                 self.obs_buf.copy_(self._obs_host, non_blocking=True)
                 self.graph.replay()
                 self._act_host.copy_(self.act_buf, non_blocking=True)
-            action = self._act_host.clone()
+            action = torch.from_numpy(self._act_np.copy())
             self._latencies.append(timer.us)
             self.step_index += 1
             self.position += int(self._advances)
@@ -203,7 +215,7 @@ class PolicyEngine:
                 raise CapacityExceeded(
                     f'prefill of {rows} positions at position {self.position} exceeds the '
                     f'capacity {self.arena.capacity}')
-            self.policy.prefill(t.to(self.device))
+            self.policy.prefill(torch.from_numpy(t).to(self.device))
             self.position += rows
             self.rollback_available = 0   # ring slots are indexed by step, prefill is not one
             self._check()
@@ -264,12 +276,21 @@ class PolicyEngine:
         self.store.validate_name(name)
         if name in self.store and not overwrite:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
-        with _Timer(self.device) as timer:
+        with self._timer as timer:
             # tier 'host': one copy straight into (pinned) host memory, e.g. for checkpoints
             # that should not take device budget.
-            data = torch.empty(self.arena.live_nbytes(self.position), dtype=torch.uint8,
-                               device=self.device if tier == 'device' else 'cpu',
-                               pin_memory=tier == 'host' and self.device.type == 'cuda')
+            nbytes = self.arena.live_nbytes(self.position)
+            old = self.store.get(name) if overwrite and name in self.store else None
+            if (old is not None and old.manifest.tier == tier and old.data is not None
+                    and old.data.numel() == nbytes):
+                # Overwriting a capsule of the same size in the same tier (periodic
+                # checkpoints, a planner's 'current' capsule): reuse its bytes, no allocation.
+                # put() cannot refuse it: the new capsule takes exactly the old one's room.
+                data = old.data
+            else:
+                data = torch.empty(nbytes, dtype=torch.uint8,
+                                   device=self.device if tier == 'device' else 'cpu',
+                                   pin_memory=tier == 'host' and self.device.type == 'cuda')
             self.arena.read_live(self.position, data)
         # No checksum here: it would cost a device->host read on the hot path. It is computed
         # when the capsule is written to disk and checked on every read from disk.
@@ -304,7 +325,7 @@ class PolicyEngine:
             if not names:
                 raise InvalidConfig(f'the state has no buffers of kinds {sorted(kinds)}')
         data = self.store.data_on(name, self.device)   # may read disk: before any write
-        with _Timer(self.device) as timer:
+        with self._timer as timer:
             if kinds is None:
                 self.arena.write_live(m.position, data)
             else:
@@ -344,7 +365,7 @@ class PolicyEngine:
             src = self.store.get(source).manifest
             if target in self.store and not overwrite:
                 raise CapsuleExists(f'capsule {target!r} exists; pass overwrite to replace it')
-            with _Timer(self.device) as timer:
+            with self._timer as timer:
                 data = self.store.data_on(source, self.device).clone()
             m = replace(src, name=target, parent=source, tier='device', pinned=False,
                         checksum='', created=time.time())
@@ -365,7 +386,7 @@ class PolicyEngine:
                     f'cannot roll back {steps} steps: {self.rollback_available} available '
                     f'(ring depth {self.ring.depth}; cleared by restore, reset and prefill)')
             target = self.step_index - steps
-            with _Timer(self.device) as timer:
+            with self._timer as timer:
                 self.ring.restore(target)
             self.step_index = target
             self.position -= steps * int(self._advances)
@@ -409,7 +430,7 @@ class PolicyEngine:
         """Restore 'episode_start' if present, else the initial state; then episode += 1."""
         with self._lock:
             episode = self.episode + 1
-            with _Timer(self.device) as timer:
+            with self._timer as timer:
                 if 'episode_start' in self.store:
                     m, _ = self._restore('episode_start')
                 else:
