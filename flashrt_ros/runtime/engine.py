@@ -6,6 +6,7 @@ updated deterministically from what each operation did; the step path never read
 """
 
 from collections import deque
+import copy
 from dataclasses import dataclass, replace
 import math
 import threading
@@ -299,7 +300,7 @@ class PolicyEngine:
                      nbytes=data.numel(), schema_digest=self.arena.schema_digest,
                      model_digest=self.model_digest, created=time.time())
         self.store.put(Capsule(m, data), overwrite=overwrite)
-        return replace(m), timer.us
+        return copy.copy(m), timer.us
 
     def snapshot(self, name='', overwrite=False, pin=False, tier='device'):
         """Copy the live bytes into a new capsule (one copy). The live state is not changed.
@@ -340,7 +341,7 @@ class PolicyEngine:
         self.rollback_available = 0
         self._lineage = name
         self._check()
-        return replace(m), timer.us
+        return copy.copy(m), timer.us
 
     def restore(self, name, kinds=None):
         """Make the live bytes equal the capsule's (kinds: only buffers of those kinds).
@@ -370,7 +371,7 @@ class PolicyEngine:
             m = replace(src, name=target, parent=source, tier='device', pinned=False,
                         checksum='', created=time.time())
             self.store.put(Capsule(m, data), overwrite=overwrite)
-            return self._result(f'forked {source!r} to {target!r}', replace(m), timer.us)
+            return self._result(f'forked {source!r} to {target!r}', copy.copy(m), timer.us)
 
     def rollback(self, steps):
         """Restore the state of `steps` committed steps ago (1 <= steps <= rollback_available).
@@ -397,7 +398,7 @@ class PolicyEngine:
     def delete(self, name):
         """Remove a capsule from the store; the live state is not touched."""
         with self._lock:
-            m = replace(self.store.get(name).manifest)
+            m = copy.copy(self.store.get(name).manifest)
             self.store.delete(name)
             return self._result(f'deleted {name!r}', m, 0.0)
 
@@ -407,7 +408,7 @@ class PolicyEngine:
             t0 = time.perf_counter()   # disk I/O is host work: wall time, not device events
             full, size = self.store.save(name, path)
             us = (time.perf_counter() - t0) * 1e6
-            m = replace(self.store.get(name).manifest)
+            m = copy.copy(self.store.get(name).manifest)
             result = self._result(f'saved {name!r} to {full} ({size} bytes)', m, us)
             result.path = full
             return result
