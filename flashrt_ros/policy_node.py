@@ -222,22 +222,13 @@ class PolicyNode(LifecycleNode):
             self.engine = self._build_engine(cfg)
             self.config = cfg
             self._resume(cfg['restore_on_start'])
+            self._create_publishers(cfg)
         except Exception as exc:  # noqa: B902 - rclpy would swallow it without a word
             self.get_logger().error(f'configure failed: {exc}')
-            self.engine = self.config = None
+            self._release_configured()
             return TransitionCallbackReturn.FAILURE
         self._rejected = self._rejected_reported = self._poisoned = 0
         self._holding = self._scrub = False
-        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg['qos_depth'],
-                         reliability=(ReliabilityPolicy.RELIABLE
-                                      if cfg['qos_reliability'] == 'reliable'
-                                      else ReliabilityPolicy.BEST_EFFORT))
-        self._qos = qos
-        action_type = JointState if cfg['observation_type'] == 'joint_state' and \
-            cfg['action_joint_names'] else Float32MultiArray
-        self._action_pub = self.create_lifecycle_publisher(action_type, '~/action', qos)
-        self._status_pub = self.create_lifecycle_publisher(fmsg.PolicyStatus, '~/status', 10)
-        self._diag_pub = self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics', 10)
         e = self.engine
         self.get_logger().info(
             f'configured: {cfg["policy_type"]} policy on {e.device}, cuda graph '
@@ -245,6 +236,17 @@ class PolicyNode(LifecycleNode):
             f'{e.arena.storage.numel()} bytes, capsules in {e.store.directory}')
         self._state = 'inactive'
         return TransitionCallbackReturn.SUCCESS
+
+    def _create_publishers(self, cfg):
+        self._qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg['qos_depth'],
+                               reliability=(ReliabilityPolicy.RELIABLE
+                                            if cfg['qos_reliability'] == 'reliable'
+                                            else ReliabilityPolicy.BEST_EFFORT))
+        action_type = JointState if cfg['observation_type'] == 'joint_state' and \
+            cfg['action_joint_names'] else Float32MultiArray
+        self._action_pub = self.create_lifecycle_publisher(action_type, '~/action', self._qos)
+        self._status_pub = self.create_lifecycle_publisher(fmsg.PolicyStatus, '~/status', 10)
+        self._diag_pub = self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics', 10)
 
     def on_activate(self, state):
         cfg = self.config

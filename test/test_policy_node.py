@@ -17,6 +17,7 @@ rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.
 pytestmark = pytest.mark.ros
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
+from sensor_msgs.msg import JointState  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 import torch  # noqa: E402
@@ -494,3 +495,58 @@ def test_concurrent_calls_race_with_stream(make):
                               engine.store.data_on(name, 'cpu')))
         ref.restore(name)
         assert [ref.step(o).tolist() for o in continuation] == a, name
+
+
+# -- sensor_msgs/JointState topics ------------------------------------------------------------
+
+def test_joint_state_topics_follow_the_configured_joint_order(ros, tmp_path):
+    joints = ['hip', 'knee', 'ankle']
+    params = dict(RECURRENT, device='cpu', capsule_dir=str(tmp_path / 'capsules'),
+                  observation_type='joint_state', joint_names=joints,
+                  action_joint_names=['m_hip', 'm_knee', 'm_ankle'])    # obs 6 = pos + vel
+    name = f'flashrt_policy_js_{os.getpid()}'
+    # No PolicyClient here: its Float32MultiArray endpoints would clash, in one process, with
+    # the JointState topics of the same names.
+    node = PolicyNode(name, parameter_overrides=[Parameter(k, value=v)
+                                                 for k, v in params.items()])
+    client = rclpy.create_node(name + '_client')
+    spinners = [spin_in_thread(node), spin_in_thread(client)]
+    try:
+        _joint_state_round_trip(node, client, name, joints, params, tmp_path)
+    finally:
+        for spinner in spinners:
+            spinner.shutdown()
+        node.destroy_node()
+        client.destroy_node()
+
+
+def _joint_state_round_trip(node, client, name, joints, params, tmp_path):
+    assert node.trigger_configure() == SUCCESS
+    assert node.trigger_activate() == SUCCESS
+    actions, got = [], threading.Event()
+
+    def on_action(msg):
+        actions.append(msg)
+        got.set()
+    client.create_subscription(JointState, f'/{name}/action', on_action, 10)
+    pub = client.create_publisher(JointState, f'/{name}/observation', 10)
+    wait_for(lambda: pub.get_subscription_count() > 0
+             and node._action_pub.get_subscription_count() > 0, what='joint_state topics')
+
+    observations = obs_range(0, 6)
+    # the policy must see [positions, velocities] in the configured joint order
+    _, ref = reference_actions(params, observations, tmp_path / 'reference')
+    shuffled = [2, 0, 1]                     # the driver lists its joints in another order
+    for o in observations:
+        msg = JointState(name=[joints[i] for i in shuffled],
+                         position=[o[i] for i in shuffled],
+                         velocity=[o[3 + i] for i in shuffled])
+        got.clear()
+        pub.publish(msg)
+        assert got.wait(30.0), 'no JointState action'
+    assert [list(m.name) for m in actions] == [['m_hip', 'm_knee', 'm_ankle']] * 6
+    assert [list(m.position) for m in actions] == ref      # float32 actions carried exactly
+
+    pub.publish(JointState(name=['hip', 'knee'], position=[0.0, 0.0], velocity=[0.0, 0.0]))
+    wait_for(lambda: node.rejected_observations() == 1, what='missing joint refused')
+    assert len(actions) == 6
