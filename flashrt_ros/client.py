@@ -7,7 +7,7 @@ import array
 import threading
 import time
 
-from rclpy.executors import MultiThreadedExecutor, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray
 from std_srvs.srv import Trigger
@@ -30,15 +30,15 @@ SERVICE_TYPES = {
 
 
 class Spinner:
-    """An executor spinning `nodes` in a thread, until shutdown().
+    """A SingleThreadedExecutor spinning `nodes` in a thread, until shutdown().
 
-    Single-threaded by default: rclpy's MultiThreadedExecutor (Jazzy) was seen keeping cores
+    Single-threaded on purpose: rclpy's MultiThreadedExecutor (Jazzy) was seen keeping cores
     busy spinning, in a client like this one and in the policy node, starving the control
-    loop on a small machine. multi_threaded=True is for tests of concurrent callbacks.
+    loop on a small machine.
     """
 
-    def __init__(self, *nodes, multi_threaded=False):
-        self.executor = MultiThreadedExecutor() if multi_threaded else SingleThreadedExecutor()
+    def __init__(self, *nodes):
+        self.executor = SingleThreadedExecutor()
         for node in nodes:
             self.executor.add_node(node)
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
@@ -50,9 +50,9 @@ class Spinner:
         self.thread.join(timeout=5.0)
 
 
-def spin_in_thread(*nodes, multi_threaded=False):
+def spin_in_thread(*nodes):
     """Starts a Spinner for `nodes`; call .shutdown() on it when done."""
-    return Spinner(*nodes, multi_threaded=multi_threaded)
+    return Spinner(*nodes)
 
 
 class PolicyClient:
