@@ -31,8 +31,8 @@ import torch
 
 from flashrt_ros import msg as fmsg
 from flashrt_ros import srv as fsrv
-from flashrt_ros.recovery import EPISODE_START, RecoveryMixin
-from flashrt_ros.runtime.engine import PolicyEngine
+from flashrt_ros.recovery import RecoveryMixin
+from flashrt_ros.runtime.engine import EPISODE_START, PolicyEngine
 from flashrt_ros.runtime.errors import FlashRTError, InvalidConfig, InvalidObservation
 from flashrt_ros.runtime.policies import make_policy
 

@@ -7,9 +7,10 @@ import os
 
 import torch
 
+from flashrt_ros.runtime.capsule import SUFFIX
+from flashrt_ros.runtime.engine import EPISODE_START
 from flashrt_ros.runtime.errors import FlashRTError
 
-EPISODE_START = 'episode_start'
 CHECKPOINT = 'checkpoint-'        # + zero-padded sequence number; newest = highest
 
 
@@ -64,7 +65,7 @@ class RecoveryMixin:
                 engine.save(name)     # atomic: a crash mid-write never leaves a loadable file
             for old in self._checkpoints(engine)[self.config['checkpoint_keep']:]:
                 engine.delete(old)
-                path = os.path.join(engine.store.directory, old + '.capsule')
+                path = os.path.join(engine.store.directory, old + SUFFIX)
                 if self.config['checkpoint_to_disk'] and os.path.exists(path):
                     os.unlink(path)
         except (FlashRTError, OSError) as exc:
@@ -87,10 +88,10 @@ class RecoveryMixin:
         directory = engine.store.directory
         self._resumed_from = ''
         files = sorted((f for f in os.listdir(directory) if f.startswith(CHECKPOINT)
-                        and f.endswith('.capsule')), reverse=True) \
+                        and f.endswith(SUFFIX)), reverse=True) \
             if os.path.isdir(directory) else []
         if files:      # continue the sequence of the process that wrote them
-            self._checkpoint_seq = int(files[0][len(CHECKPOINT):-len('.capsule')] or 0)
+            self._checkpoint_seq = int(files[0][len(CHECKPOINT):-len(SUFFIX)] or 0)
         if not what:
             return
         candidates = files if what == 'latest' else [what]
@@ -107,8 +108,8 @@ class RecoveryMixin:
                 self.get_logger().warning(f'restore_on_start: skipping {path}: {exc}')
                 continue
             self._resumed_from = path
-            if os.path.exists(os.path.join(directory, EPISODE_START + '.capsule')):
-                engine.load(EPISODE_START + '.capsule', overwrite=True)
+            if os.path.exists(os.path.join(directory, EPISODE_START + SUFFIX)):
+                engine.load(EPISODE_START + SUFFIX, overwrite=True)
             self.get_logger().info(f'restore_on_start: resumed from {path} at step '
                                    f'{engine.step_index}')
             return

@@ -26,6 +26,7 @@ from .errors import (BudgetExceeded, CapsuleExists, CorruptCapsule, Incompatible
 
 FORMAT = 'flashrt-capsule/1'
 TIERS = ('device', 'host', 'disk')
+SUFFIX = '.capsule'     # save's default file: <capsule_dir>/<name>.capsule
 _NAME = re.compile(r'[A-Za-z0-9_.-]{1,128}')
 # Fields the checksum covers: tier, pinned and checksum itself are store-local, not content.
 _CHECKED_FIELDS = ('name', 'parent', 'step', 'episode', 'position', 'nbytes',
@@ -321,7 +322,7 @@ class CapsuleStore:
     def save(self, name, path=''):
         """Write capsule `name` atomically; returns (absolute path, bytes of the file)."""
         capsule = self.get(name)
-        full = self.resolve(path, f'{name}.capsule')
+        full = self.resolve(path, name + SUFFIX)
         data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
         digest = write_file(full, capsule.manifest, data)
         capsule.manifest.checksum = digest

@@ -21,6 +21,8 @@ from .errors import (CapacityExceeded, CapsuleExists, InvalidConfig, InvalidObse
 from .graph import StepGraph
 from .state import BufferSpec, KINDS, META_EPISODE, META_STEP, StateArena
 
+EPISODE_START = 'episode_start'     # the capsule reset_episode() restores
+
 
 @dataclass
 class OpResult:
@@ -42,12 +44,16 @@ class _Timer:
 
     def __init__(self, device):
         self.cuda = device.type == 'cuda'
+        self._depth = 0     # reset_episode times a restore that times itself: outermost wins
         if self.cuda:
             self._stream = torch.cuda.current_stream(device)
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
 
     def __enter__(self):
+        self._depth += 1
+        if self._depth > 1:
+            return self
         if self.cuda:
             self._start.record(self._stream)
         else:
@@ -55,6 +61,10 @@ class _Timer:
         return self
 
     def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth:
+            self.us = math.nan      # an inner window has no figure of its own
+            return False
         if self.cuda:
             self._end.record(self._stream)
             self._end.synchronize()
@@ -229,8 +239,10 @@ class PolicyEngine:
         reduction per buffer and one device sync."""
         with self._lock:
             if name is None:
-                position = self.position
-                views = self.arena.unpack(self.arena.storage, position)
+                # the live views themselves (this runs every step when the node checks for
+                # poison): append buffers sliced to the live prefix, nothing unpacked
+                views = {n: v[:self.position] if self.arena.specs[n].growth == 'append' else v
+                         for n, v in self.arena.views.items()}
             else:
                 m = self.store.get(name).manifest
                 views = self.arena.unpack(self.store.data_on(name, self.device), m.position)
@@ -435,8 +447,8 @@ class PolicyEngine:
         with self._lock:
             episode = self.episode + 1
             with self._timer as timer:
-                if 'episode_start' in self.store:
-                    m, _ = self._restore('episode_start')
+                if EPISODE_START in self.store:
+                    m, _ = self._restore(EPISODE_START)
                 else:
                     m = None
                     self._reinit(episode)
@@ -444,5 +456,5 @@ class PolicyEngine:
             self.episode = episode
             self.rollback_available = 0
             self._check()
-            source = "'episode_start'" if m else 'the initial state'
+            source = repr(EPISODE_START) if m else 'the initial state'
             return self._result(f'episode {episode} started from {source}', m, timer.us)
