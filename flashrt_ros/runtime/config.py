@@ -1,0 +1,104 @@
+'''Typed configuration: one dataclass per policy kind, validated in one place.
+
+Each field carries its description and range in `metadata`, so the ROS layer declares its
+parameters from these fields (`ros2 param describe` then tells a user what is allowed) and a
+script or test builds the same configuration without ROS. The registry from kind to (policy
+class, config class) lives in `policies/__init__.py`.
+'''
+
+from dataclasses import dataclass, field, fields
+import math
+
+from .errors import InvalidConfig
+
+
+def param(default, description, low=None, high=None, choices=None, **extra):
+    '''A config field with what a user needs to know about it.'''
+    meta = {'description': description, 'low': low, 'high': high, 'choices': choices, **extra}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def check_fields(config):
+    '''Ranges and choices from each field's metadata; InvalidConfig names the field.'''
+    for f in fields(config):
+        value, meta = getattr(config, f.name), f.metadata
+        if meta.get('choices') is not None and value not in meta['choices']:
+            raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be one of '
+                                f'{list(meta["choices"])}')
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be finite')
+                if meta.get('low') is not None and v < meta['low']:
+                    raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be >= '
+                                        f'{meta["low"]}')
+                if meta.get('high') is not None and v > meta['high']:
+                    raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be <= '
+                                        f'{meta["high"]}')
+
+
+@dataclass
+class PolicyConfig:
+    '''What every policy kind takes.'''
+
+    obs_dim: int = param(48, 'observation size the node receives (one frame when '
+                         'obs_history > 1)', low=1)
+    act_dim: int = param(12, 'action size the policy emits', low=1)
+    policy_file: str = param('', "policy file: TorchScript export (policy.pt, motion.pt), "
+                             "rsl_rl checkpoint, state_dict .pt/.safetensors, ONNX; '' = a "
+                             'seeded demo policy')
+    activation: str = param('', 'hidden-layer activation (elu, tanh, relu, ...). Required for '
+                            "checkpoints and state_dicts, which do not record it; checked "
+                            "against TorchScript files; '' = from the file (elu for the demo)")
+    seed: int = param(0, 'seed of the demo weights and of the sampling noise counters', low=0)
+    noise_std: float = param(0.0, 'std of Gaussian action noise (0: deterministic); drawn '
+                             'from counters in the arena, reproduced exactly after restore',
+                             low=0.0)
+    obs_history: int = param(1, 'observations stacked into one policy input (1: none); the '
+                             'window is state, kept in capsules', low=1, high=1024)
+    history_order: str = param('oldest_first', 'order of the stacked observations',
+                               choices=('oldest_first', 'newest_first'))
+
+    def __post_init__(self):
+        check_fields(self)
+
+    def options(self):
+        '''Keyword arguments of the policy class (the fields a subclass adds).'''
+        common = {f.name for f in fields(PolicyConfig)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in common}
+
+
+@dataclass
+class MLPConfig(PolicyConfig):
+    '''Feed-forward actor. The sizes shape the demo only: files state their own.'''
+
+    actor_hidden_dims: list = param([256, 128, 64], 'demo actor hidden sizes', low=1)
+
+
+@dataclass
+class RecurrentConfig(PolicyConfig):
+    '''LSTM/GRU actor. The sizes shape the demo only: files state their own.'''
+
+    rnn_type: str = param('lstm', 'demo recurrent cell', choices=('lstm', 'gru'))
+    rnn_hidden_dim: int = param(256, 'demo recurrent hidden size', low=1)
+    actor_hidden_dims: list = param([256, 128, 64], 'demo actor hidden sizes', low=1)
+
+
+@dataclass
+class HistoryConfig(PolicyConfig):
+    '''Hybrid history model (KV cache + recurrence + action chunks).'''
+
+    history_capacity: int = param(2048, 'positions (observations) an episode may hold',
+                                  low=1)
+    d_model: int = param(256, 'model width', low=1)
+    n_layers: int = param(4, 'layers (attention and recurrence alternate)', low=2)
+    heads: int = param(4, 'attention heads (d_model % heads == 0)', low=1)
+    chunk: int = param(8, 'actions per action chunk', low=1)
+
+    def options(self):
+        o = super().options()
+        o['capacity'] = o.pop('history_capacity')
+        return o

@@ -1,0 +1,69 @@
+'''Policies and the registry from policy kind to (class, typed config).
+
+A new kind costs one class (state_specs, step, reset_state; see base.Policy) and one line in
+KINDS. make_policy() builds any kind from keyword arguments; build_policy() from a config.
+'''
+
+import torch
+
+from ..config import HistoryConfig, MLPConfig, RecurrentConfig
+from ..errors import InvalidConfig
+from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy
+from .feedforward import FeedForwardPolicy
+from .history import HistoryPolicy, linear_scan
+from .loaders import from_file, weights
+from .recurrent import RecurrentPolicy
+from .scripted import ScriptedPolicy
+
+# kind -> (policy class built for the seeded demo and from state_dicts, its config)
+KINDS = {
+    'mlp': (FeedForwardPolicy, MLPConfig),
+    'recurrent': (RecurrentPolicy, RecurrentConfig),
+    'history': (HistoryPolicy, HistoryConfig),
+}
+
+__all__ = ['ACTIVATIONS', 'build_policy', 'FeedForwardPolicy', 'gaussian_noise',
+           'HistoryPolicy', 'KINDS', 'linear_scan', 'make_policy', 'ObservationHistory',
+           'Policy', 'RecurrentPolicy', 'ScriptedPolicy']
+
+
+def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activation='',
+                obs_history=1, history_order='oldest_first', **sizes):
+    '''Build a policy of `kind`: from `file` when given, else a seeded random initialisation
+    (the global torch RNG is left untouched). With obs_history N > 1 the policy takes N
+    stacked observations of obs_dim each (ObservationHistory). Raises InvalidConfig.'''
+    if kind not in KINDS:
+        raise InvalidConfig(f'unknown policy kind {kind!r}; one of {sorted(KINDS)}')
+    cls = KINDS[kind][0]
+    in_dim = obs_dim * obs_history
+    try:
+        if file and kind != 'history':
+            policy = from_file(kind, file, in_dim, act_dim, activation=activation, seed=seed,
+                               **sizes)
+        else:
+            if activation and kind != 'history':
+                sizes['activation'] = activation
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                policy = cls(in_dim, act_dim, seed=seed, **sizes)
+            if file:
+                policy.load_state_dict(weights(file))
+    except TypeError as exc:
+        raise InvalidConfig(f'{kind} policy: {exc}') from exc
+    if obs_history > 1:
+        policy = ObservationHistory(policy, obs_history, history_order)
+    return policy.to(device)
+
+
+def build_policy(config, device='cpu'):
+    '''make_policy from a typed config (MLPConfig, RecurrentConfig, HistoryConfig).'''
+    kind = next(k for k, (_, c) in KINDS.items() if type(config) is c)
+    options = config.options()
+    if config.noise_std > 0:
+        options['noise_std'] = config.noise_std
+    if config.policy_file and kind != 'history':
+        options = {k: v for k, v in options.items() if k == 'noise_std'}   # the file's sizes
+    return make_policy(kind, config.obs_dim, config.act_dim, file=config.policy_file,
+                       seed=config.seed, device=device, activation=config.activation,
+                       obs_history=config.obs_history, history_order=config.history_order,
+                       **options)

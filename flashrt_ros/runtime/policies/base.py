@@ -1,0 +1,222 @@
+'''Policy base: state declared as BufferSpecs, an in-place graph-capturable step over arena views.
+
+A policy owns its weights (parameters and model buffers) but never its execution state: every
+piece of state is declared by state_specs(), allocated by the arena, and handed back through
+bind(). step() reads and writes only those views (copy_ / index_copy_), so a capsule of the
+arena is the policy's complete state, and a captured CUDA graph stays valid across restores.
+
+Also here: the counter-based sampler, the activation table and MLP builder shared by the
+feed-forward and recurrent actors, and ObservationHistory (the
+last N observations stacked, kept in the arena).
+'''
+
+import hashlib
+import math
+
+import torch
+import torch.nn as nn
+
+from ..errors import InvalidConfig
+from ..state import BufferSpec, META_POSITION
+
+_M32 = 0xFFFFFFFF
+
+
+# ---------------------------------------------------------------- counter-based sampler
+
+def _mul32(x, c):
+    # x * c mod 2**32 for x, c < 2**32 using only products below 2**49: int64 never
+    # overflows, so CPU and CUDA produce identical bits (overflow wrap is not relied on)
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(x):
+    # murmur3 finaliser: a bijection on [0, 2**32) with full avalanche; x stays non-negative,
+    # so the arithmetic right shift of int64 acts as a logical one
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def gaussian_noise(seed, counter, n):
+    '''Standard normal float32 [n], a pure function of (seed, counter) (int64 tensors [1]).
+
+    Integer tensor ops only (hash, then Box-Muller), no generator state: graph-capturable,
+    and a restored rng buffer reproduces the same future samples.
+    '''
+    h = _fmix32(seed & _M32)
+    h = _fmix32(h ^ (counter & _M32))
+    h = _fmix32(h ^ ((counter >> 32) & _M32))
+    lanes = torch.arange(2 * n, device=seed.device, dtype=torch.int64)
+    h = _fmix32(_fmix32(h ^ lanes))                                  # [2n]
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))      # (0, 1), never 0
+    return torch.sqrt(-2.0 * torch.log(u[:n])) * torch.cos((2.0 * math.pi) * u[n:])
+
+
+# ---------------------------------------------------------------- base
+
+class Policy(nn.Module):
+    '''Base class; see docs/runtime.md. Subclasses fill state_specs(), step(), prefill().'''
+
+    kind = ''
+
+    def __init__(self, obs_dim, act_dim, capacity=0, noise_std=0.0, seed=0):
+        super().__init__()
+        if obs_dim < 1 or act_dim < 1:
+            raise InvalidConfig(f'obs_dim and act_dim must be >= 1, got {obs_dim}, {act_dim}')
+        self.obs_dim, self.act_dim, self.capacity = int(obs_dim), int(act_dim), int(capacity)
+        self.noise_std, self.seed = float(noise_std), int(seed)
+        self.views = {}     # name -> arena view; plain attribute: state is not a module buffer
+        self.meta = None    # int64 [>=3] engine counters, shared with the engine
+
+    def state_specs(self):
+        raise NotImplementedError
+
+    def config(self):
+        '''Plain-Python description of what, besides weights, shapes the computation.'''
+        return {'kind': self.kind, 'obs_dim': self.obs_dim, 'act_dim': self.act_dim,
+                'capacity': self.capacity, 'noise_std': self.noise_std}
+
+    def bind(self, views):
+        '''Keep references to the arena views (which must include 'meta'). Never copies.'''
+        for spec in self.state_specs():
+            view = views.get(spec.name)
+            if view is None:
+                raise InvalidConfig(f'bind: no view for state buffer {spec.name!r}')
+            if tuple(view.shape) != tuple(spec.shape) or view.dtype != spec.dtype:
+                raise InvalidConfig(
+                    f'bind: {spec.name!r} is {tuple(view.shape)} {view.dtype}, the policy '
+                    f'declared {tuple(spec.shape)} {spec.dtype}')
+            if view.device != self.device:
+                raise InvalidConfig(f'bind: {spec.name!r} is on {view.device}, '
+                                    f'the policy on {self.device}')
+        meta = views.get('meta')
+        if meta is None or meta.dtype != torch.int64 or meta.numel() <= META_POSITION:
+            raise InvalidConfig("bind: needs an int64 'meta' view of at least 3 counters")
+        self.views = {spec.name: views[spec.name] for spec in self.state_specs()}
+        self.meta = meta
+
+    @torch.no_grad()
+    def reset_state(self):
+        '''Initial state, in place: zeros, and the rng buffer set to (seed, counter 0).'''
+        for view in self.views.values():
+            view.zero_()
+        self.views['rng'][0] = self.seed
+
+    def step(self, obs, action):
+        raise NotImplementedError
+
+    def prefill(self, observations):
+        raise InvalidConfig(f'a {self.kind!r} policy keeps no history to prefill; use step()')
+
+    def model_digest(self):
+        '''sha256 hex over the config and every parameter/model buffer (name, dtype, shape,
+        bytes). State lives in the arena, so it is never part of the digest.'''
+        digest = hashlib.sha256(repr(sorted(self.config().items())).encode())
+        for name, tensor in self.state_dict().items():
+            t = tensor.detach().contiguous().cpu()
+            digest.update(f'{name}|{t.dtype}|{tuple(t.shape)}|'.encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    @property
+    def device(self):
+        return next(self.parameters()).device
+
+    def _rng_spec(self):
+        return BufferSpec('rng', (2,), torch.int64, 'rng')      # seed, counter
+
+    def _noise(self, n, offset=None):
+        # counter (+ offset, a device tensor) -> noise_std * N(0, 1) [n]; caller advances
+        seed, counter = self.views['rng'][0:1], self.views['rng'][1:2]
+        if offset is not None:
+            counter = counter + offset
+        return self.noise_std * gaussian_noise(seed, counter, n)
+
+
+# ---------------------------------------------------------------- shared building blocks
+
+ACTIVATIONS = {'elu': nn.ELU, 'relu': nn.ReLU, 'selu': nn.SELU, 'tanh': nn.Tanh,
+               'sigmoid': nn.Sigmoid, 'lrelu': nn.LeakyReLU, 'leakyrelu': nn.LeakyReLU,
+               'gelu': nn.GELU, 'softplus': nn.Softplus, 'swish': nn.SiLU, 'silu': nn.SiLU,
+               'mish': nn.Mish, 'identity': nn.Identity}
+
+
+def mlp(in_dim, hidden_dims, out_dim, activation):
+    '''rsl_rl layout: Linear, act, Linear, act, ..., Linear (keys '0.weight', '2.weight', ...);
+    out_dim None ends with an activation (an encoder feeding an rnn).'''
+    if activation not in ACTIVATIONS:
+        raise InvalidConfig(f'unknown activation {activation!r}; one of {sorted(ACTIVATIONS)}')
+    layers, dims = [], [in_dim, *hidden_dims]
+    for a, b in zip(dims[:-1], dims[1:]):
+        layers += [nn.Linear(a, b), ACTIVATIONS[activation]()]
+    if out_dim is not None:
+        layers.append(nn.Linear(dims[-1], out_dim))
+    return nn.Sequential(*layers)
+
+
+# ---------------------------------------------------------------- observation history
+
+HISTORY_ORDERS = ('oldest_first', 'newest_first')
+
+
+class ObservationHistory(Policy):
+    '''The last `frames` observations stacked into one input of `inner` (obs_dim * frames).
+
+    The window is state ('obs_history' [frames, obs_dim], kind history), so a capsule restores
+    it. It starts as zeros at every episode start, as rsl_rl's and legged_gym's history
+    buffers do after a reset. order: 'oldest_first' (the newest observation is the last row,
+    rsl_rl / Isaac Lab CircularBuffer) or 'newest_first'.
+    '''
+
+    def __init__(self, inner, frames, order='oldest_first'):
+        if frames < 2 or inner.obs_dim % frames:
+            raise InvalidConfig(f'obs_history {frames}: the policy takes {inner.obs_dim} '
+                                'inputs, which must be a multiple of obs_history (>= 2)')
+        if order not in HISTORY_ORDERS:
+            raise InvalidConfig(f'history_order {order!r}: one of {HISTORY_ORDERS}')
+        super().__init__(inner.obs_dim // frames, inner.act_dim, inner.capacity,
+                         inner.noise_std, inner.seed)
+        self.inner, self.frames, self.order = inner, int(frames), order
+        self.kind = inner.kind
+
+    def config(self):
+        return {**self.inner.config(), 'obs_history': self.frames, 'history_order': self.order}
+
+    def state_specs(self):
+        return list(self.inner.state_specs()) + [
+            BufferSpec('obs_history', (self.frames, self.obs_dim), torch.float32, 'history')]
+
+    def bind(self, views):
+        self.inner.bind(views)
+        self.views = {**self.inner.views, 'obs_history': views['obs_history']}
+        self.meta = self.inner.meta
+
+    @torch.no_grad()
+    def reset_state(self):
+        self.inner.reset_state()
+        self.views['obs_history'].zero_()
+
+    @torch.no_grad()
+    def step(self, obs, action):
+        window = self.views['obs_history']                                   # [N, obs]
+        if self.order == 'oldest_first':
+            window.copy_(torch.roll(window, -1, 0))     # roll materialises: no overlapping copy
+            window[-1].copy_(obs.view(self.obs_dim))
+        else:
+            window.copy_(torch.roll(window, 1, 0))
+            window[0].copy_(obs.view(self.obs_dim))
+        self.inner.step(window.view(-1), action)
+
+    def prefill(self, observations):
+        raise InvalidConfig('prefill with obs_history is not supported; step() instead')
+
+    def model_digest(self):
+        return self.inner.model_digest() + f'+history{self.frames}{self.order}'
+
+    @property
+    def device(self):
+        return self.inner.device

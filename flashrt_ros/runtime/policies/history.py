@@ -1,0 +1,253 @@
+'''HistoryPolicy: the hybrid history model (attention KV cache + gated linear recurrence +
+multi-step action head), the paper's state set in policy form.'''
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import CapacityExceeded, InvalidConfig
+from ..state import BufferSpec, META_POSITION
+from .base import Policy
+
+# ---------------------------------------------------------------- history (hybrid)
+
+
+class _AttentionMixer(nn.Module):
+    # causal self-attention without positional encoding: order comes from the recurrent
+    # layers and the causal mask (NoPE), which keeps every position's math identical
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads, self.head_dim = heads, d_model // heads
+        self.wqkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.wo = nn.Linear(d_model, d_model, bias=False)
+
+
+class _RecurrenceMixer(nn.Module):
+    # gated linear recurrence: u -> causal depthwise conv (width 4) -> silu -> diagonal
+    # h = a*h + (1-a)*u with a = sigmoid(W_a x + b_a), output gated by silu(z)
+    def __init__(self, d_model, conv_width):
+        super().__init__()
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.conv_w = nn.Parameter(torch.randn(d_model, conv_width) / math.sqrt(conv_width))
+        self.conv_b = nn.Parameter(torch.zeros(d_model))
+        # decay biases spread over [2, 7]: a in ~[0.88, 0.999], time scales 10..1000 steps
+        self.a_bias = nn.Parameter(torch.linspace(2.0, 7.0, d_model))
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+
+class _Block(nn.Module):
+    def __init__(self, d_model, heads, mlp_ratio, conv_width, attention):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(d_model, eps=1e-6)
+        self.norm2 = nn.RMSNorm(d_model, eps=1e-6)
+        if attention:
+            self.mixer = _AttentionMixer(d_model, heads)
+        else:
+            self.mixer = _RecurrenceMixer(d_model, conv_width)
+        self.mlp = nn.Sequential(nn.Linear(d_model, mlp_ratio * d_model, bias=False), nn.GELU(),
+                                 nn.Linear(mlp_ratio * d_model, d_model, bias=False))
+
+
+def linear_scan(a, b, h0):
+    '''h_t = a_t * h_{t-1} + b_t over t, for a, b [T, d] and h0 [d]; returns h [T, d].
+
+    Hillis-Steele inclusive scan: log2(T) elementwise passes instead of T sequential steps.
+    Composing (a1, b1) then (a2, b2) gives (a2*a1, a2*b1 + b2); products of a <= 1 only
+    shrink, so the scan is stable (they underflow to 0, which is the right limit).
+    '''
+    a, b = a.clone(), b.clone()
+    b[0] += a[0] * h0
+    shift = 1
+    while shift < a.shape[0]:
+        # right-hand sides are materialised before the slice is written, so these in-place
+        # updates read only the previous pass; b first, since it needs the old a
+        b[shift:] += a[shift:] * b[:-shift]
+        a[shift:] *= a[:-shift].clone()
+        shift *= 2
+    return b
+
+
+class HistoryPolicy(Policy):
+    '''Hybrid history policy: one token per observation; layers alternate causal attention
+    (KV cache over the episode) and a gated linear recurrence (conv + recurrent state); a
+    multi-step head emits `chunk` actions every `chunk` steps, played out one per step.
+
+    State: 'kv' append [capacity, n_attn, 2, heads, head_dim] (position-major), 'conv'
+    [n_rec, conv_width-1, d], 'recurrent' [n_rec, d] (float32), 'chunk' [chunk, act_dim] and
+    'cursor' [1] (kind chunk), 'rng'. Position is meta[META_POSITION]; the engine must refuse
+    a step at position == capacity (CapacityExceeded) before calling step().
+
+    Masked-out KV rows never reach the output as long as they are finite (a softmax weight of
+    0 times a finite value), which is what lets a restore copy only the live prefix.
+    '''
+
+    kind = 'history'
+
+    def __init__(self, obs_dim, act_dim, *, d_model=256, n_layers=4, heads=4, capacity=2048,
+                 chunk=8, mlp_ratio=4, conv_width=4, dtype=torch.float32, noise_std=0.0,
+                 seed=0):
+        super().__init__(obs_dim, act_dim, capacity, noise_std, seed)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if d_model % heads or n_layers < 2 or capacity < 1 or chunk < 1 or conv_width < 2:
+            raise InvalidConfig(
+                f'history sizes: need d_model % heads == 0, n_layers >= 2, capacity, chunk >= 1,'
+                f' conv_width >= 2; got d_model={d_model} heads={heads} n_layers={n_layers} '
+                f'capacity={capacity} chunk={chunk} conv_width={conv_width}')
+        self.d_model, self.n_layers, self.heads = d_model, n_layers, heads
+        self.chunk, self.mlp_ratio, self.conv_width = chunk, mlp_ratio, conv_width
+        self.dtype = dtype
+        self.n_attn, self.n_rec = (n_layers + 1) // 2, n_layers // 2
+        self.embed = nn.Linear(obs_dim, d_model)
+        self.blocks = nn.ModuleList(
+            _Block(d_model, heads, mlp_ratio, conv_width, attention=(i % 2 == 0))
+            for i in range(n_layers))
+        self.norm_f = nn.RMSNorm(d_model, eps=1e-6)
+        self.head = nn.Linear(d_model, chunk * act_dim)
+        # constant, not state: positions compared against meta's position for the mask
+        self.register_buffer('positions', torch.arange(capacity), persistent=False)
+        self.to(dtype)
+        self.requires_grad_(False)
+        self.eval()
+
+    def config(self):
+        return {**super().config(), 'd_model': self.d_model, 'n_layers': self.n_layers,
+                'heads': self.heads, 'chunk': self.chunk, 'conv_width': self.conv_width,
+                'dtype': str(self.dtype)}
+
+    def state_specs(self):
+        d, hd = self.d_model, self.d_model // self.heads
+        return [
+            BufferSpec('kv', (self.capacity, self.n_attn, 2, self.heads, hd), self.dtype, 'kv',
+                       'append'),
+            BufferSpec('conv', (self.n_rec, self.conv_width - 1, d), self.dtype, 'conv'),
+            BufferSpec('recurrent', (self.n_rec, d), torch.float32, 'recurrent'),
+            BufferSpec('chunk', (self.chunk, self.act_dim), torch.float32, 'chunk'),
+            BufferSpec('cursor', (1,), torch.int64, 'chunk'),
+            self._rng_spec(),
+        ]
+
+    # one token at meta's position; every shape static, position only ever read on device
+    @torch.no_grad()
+    def step(self, obs, action):
+        pos = self.meta[META_POSITION:META_POSITION + 1]                    # [1] int64
+        x = self.embed(obs.view(1, self.obs_dim).to(self.dtype))            # [1, d]
+        kv, conv, rec = self.views['kv'], self.views['conv'], self.views['recurrent']
+        for i, block in enumerate(self.blocks):
+            h, m = block.norm1(x), block.mixer
+            if i % 2 == 0:
+                x = x + self._attend_one(m, h, kv[:, i // 2], pos)
+            else:
+                x = x + self._recur_one(m, h, conv[i // 2], rec[i // 2])
+            x = x + block.mlp(block.norm2(x))
+        self._emit(self.norm_f(x), 1)
+        cursor, chunk = self.views['cursor'], self.views['chunk']
+        action.copy_(chunk.index_select(0, cursor).view(self.act_dim))
+        cursor.copy_(torch.remainder(cursor + 1, self.chunk))
+        self.views['rng'][1:2].add_(1)
+        pos.add_(1)
+
+    def _attend_one(self, m, h, kv, pos):
+        # kv [capacity, 2, H, D]: write this token's K, V at pos, attend over every slot
+        # with the mask positions <= pos (static shapes; masked slots weigh exactly 0)
+        qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
+        kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
+        # two batched matmuls straight over the cache views (strided, no copies): one query
+        # against C keys is a gemv, and fused SDPA kernels with a mask parallelise poorly
+        # over a single query (fp32 fell to one block per head)
+        k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
+        scores = torch.matmul(k, qkv[0].unsqueeze(-1)).squeeze(-1).float()   # [H, C]
+        scores = torch.where(self.positions <= pos, scores * m.head_dim ** -0.5, -math.inf)
+        p = torch.softmax(scores, dim=-1).to(self.dtype)                     # [H, C]
+        o = torch.matmul(p.unsqueeze(1), v)                                  # [H, 1, D]
+        return m.wo(o.reshape(1, self.d_model))
+
+    def _recur_one(self, m, h, conv, rec):
+        # conv [W-1, d] holds the last W-1 conv inputs; rec [d] the recurrence (float32)
+        u, g, z = m.in_proj(h).chunk(3, dim=-1)                              # [1, d] each
+        window = torch.cat([conv, u])                                        # [W, d]
+        conv.copy_(window[1:])
+        y = F.silu((window * m.conv_w.t()).sum(0) + m.conv_b)                # [d]
+        a = torch.sigmoid(g.view(-1) + m.a_bias).float()                     # [d]
+        rec.copy_(a * rec + (1 - a) * y.float())
+        return m.out_proj(rec.to(self.dtype).view(1, -1) * F.silu(z))
+
+    def _emit(self, xf, n_steps, last=None):
+        # at cursor 0 the head's chunk replaces the chunk buffer (torch.where: no branching).
+        # For prefill (n_steps tokens), the last token that met cursor 0 is `last`
+        cursor, chunk = self.views['cursor'], self.views['chunk']
+        emit_at = n_steps - 1 - torch.remainder(cursor + (n_steps - 1), self.chunk)  # [1]
+        emit = emit_at >= 0
+        if last is None:
+            row = xf
+        else:
+            row = last.index_select(0, emit_at.clamp(min=0))
+        new = self.head(row).float().view(self.chunk, self.act_dim)
+        if self.noise_std > 0:
+            noise = self._noise(self.chunk * self.act_dim, emit_at.clamp(min=0))
+            new = new + noise.view(self.chunk, self.act_dim)
+        chunk.copy_(torch.where(emit, new, chunk))
+
+    @torch.no_grad()
+    def prefill(self, observations):
+        '''Ingest observations [T, obs_dim] at the current position in one pass: batched
+        attention writing KV rows [pos, pos+T), conv and recurrence by parallel scan, head
+        and cursor as T steps would leave them (numerically close, not bit-equal). Reads the
+        position to the host once: prefill runs between steps, never inside the step graph.
+        '''
+        T = observations.shape[0]
+        if observations.dim() != 2 or observations.shape[1] != self.obs_dim:
+            raise InvalidConfig(f'prefill needs [T, {self.obs_dim}] observations, '
+                                f'got {tuple(observations.shape)}')
+        pos = int(self.meta[META_POSITION])
+        if pos + T > self.capacity:
+            raise CapacityExceeded(f'prefill of {T} tokens at position {pos} exceeds the '
+                                   f'history capacity {self.capacity}')
+        if T == 0:
+            return
+        x = self.embed(observations.to(self.device, self.dtype))            # [T, d]
+        kv, conv, rec = self.views['kv'], self.views['conv'], self.views['recurrent']
+        for i, block in enumerate(self.blocks):
+            h, m = block.norm1(x), block.mixer
+            if i % 2 == 0:
+                x = x + self._attend_many(m, h, kv[:, i // 2], pos)
+            else:
+                x = x + self._recur_many(m, h, conv[i // 2], rec[i // 2])
+            x = x + block.mlp(block.norm2(x))
+        xf = self.norm_f(x)
+        self._emit(xf, T, last=xf)
+        cursor = self.views['cursor']
+        cursor.copy_(torch.remainder(cursor + T, self.chunk))
+        self.views['rng'][1:2].add_(T)
+        self.meta[META_POSITION:META_POSITION + 1].add_(T)
+
+    def _attend_many(self, m, h, kv, pos):
+        T = h.shape[0]
+        qkv = m.wqkv(h).view(T, 3, m.heads, m.head_dim)                      # [T, 3, H, D]
+        kv[pos:pos + T].copy_(qkv[:, 1:])
+        q = qkv[:, 0].transpose(0, 1)[None]                                  # [1, H, T, D]
+        k = kv[:pos + T, 0].transpose(0, 1)[None]                            # [1, H, S, D]
+        v = kv[:pos + T, 1].transpose(0, 1)[None]
+        if pos == 0:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            # query t sits at pos + t and sees keys 0..pos+t (SDPA's is_causal would align
+            # the diagonal to key 0 instead)
+            keys = torch.arange(pos + T, device=h.device)
+            mask = keys.view(1, -1) <= (pos + torch.arange(T, device=h.device)).view(-1, 1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return m.wo(o[0].transpose(0, 1).reshape(T, self.d_model))
+
+    def _recur_many(self, m, h, conv, rec):
+        u, g, z = m.in_proj(h).chunk(3, dim=-1)                              # [T, d] each
+        full = torch.cat([conv, u])                                          # [W-1+T, d]
+        conv.copy_(full[-(self.conv_width - 1):])
+        y = F.conv1d(full.t().unsqueeze(0), m.conv_w.unsqueeze(1), m.conv_b,
+                     groups=self.d_model)                                    # [1, d, T]
+        y = F.silu(y.squeeze(0).t())                                         # [T, d]
+        a = torch.sigmoid(g + m.a_bias).float()                              # [T, d]
+        hs = linear_scan(a, (1 - a) * y.float(), rec)                        # [T, d]
+        rec.copy_(hs[-1])
+        return m.out_proj(hs.to(self.dtype) * F.silu(z))

@@ -1,0 +1,78 @@
+'''Recurrent actor: [normalizer] -> [MLP encoder] -> LSTM/GRU -> MLP head (rsl_rl / Isaac Lab
+ActorCriticRecurrent), built from checkpoints and state_dicts (TorchScript files run as
+they are: see scripted.py).'''
+
+import torch
+import torch.nn as nn
+
+from ..errors import InvalidConfig
+from ..state import BufferSpec
+from .base import mlp, Policy
+
+
+class RecurrentPolicy(Policy):
+    '''[normalizer] -> [MLP encoder] -> LSTM/GRU -> MLP head: the rsl_rl / Isaac Lab
+    recurrent actor (ActorCriticRecurrent.act_inference). Submodule names follow the
+    exporter's policy.pt ('rnn', 'actor'), so its weights load by name.
+
+    State: 'hidden_state' (and 'cell_state' for LSTM) [num_layers, hidden] (batch 1 folded),
+    'rng' (seed, counter) for optional Gaussian action noise of std `noise_std`.
+    '''
+
+    kind = 'recurrent'
+
+    def __init__(self, obs_dim, act_dim, *, rnn_type='lstm', rnn_hidden_dim=256,
+                 rnn_num_layers=1, encoder_dims=(), actor_hidden_dims=(256, 128, 64),
+                 activation='elu', normalize=False, norm_eps=1e-2, noise_std=0.0, seed=0):
+        super().__init__(obs_dim, act_dim, 0, noise_std, seed)
+        rnn_type = rnn_type.lower()
+        if rnn_type not in ('lstm', 'gru'):
+            raise InvalidConfig(f"rnn_type must be 'lstm' or 'gru', got {rnn_type!r}")
+        self.rnn_type, self.activation = rnn_type, activation
+        self.encoder_dims, self.actor_hidden_dims = tuple(encoder_dims), tuple(actor_hidden_dims)
+        self.normalize, self.norm_eps = bool(normalize), float(norm_eps)
+        if self.normalize:
+            # EmpiricalNormalization: (x - _mean) / (_std + eps), [1, obs_dim] buffers
+            self.register_buffer('norm_mean', torch.zeros(1, obs_dim))
+            self.register_buffer('norm_std', torch.ones(1, obs_dim))
+        self.encoder = mlp(obs_dim, self.encoder_dims, None, activation)
+        rnn_in = self.encoder_dims[-1] if self.encoder_dims else obs_dim
+        cls = nn.LSTM if rnn_type == 'lstm' else nn.GRU
+        self.rnn = cls(rnn_in, rnn_hidden_dim, rnn_num_layers)
+        self.actor = mlp(rnn_hidden_dim, self.actor_hidden_dims, act_dim, activation)
+        self.requires_grad_(False)
+        self.eval()
+
+    def config(self):
+        return {**super().config(), 'rnn_type': self.rnn_type, 'activation': self.activation,
+                'normalize': self.normalize, 'norm_eps': self.norm_eps}
+
+    def state_specs(self):
+        shape = (self.rnn.num_layers, self.rnn.hidden_size)
+        dtype = self.rnn.weight_hh_l0.dtype
+        specs = [BufferSpec('hidden_state', shape, dtype, 'recurrent')]
+        if self.rnn_type == 'lstm':
+            specs.append(BufferSpec('cell_state', shape, dtype, 'recurrent'))
+        return specs + [self._rng_spec()]
+
+    @torch.no_grad()
+    def step(self, obs, action):
+        # same op sequence and shapes as the exporter's forward on x [1, obs_dim], so the
+        # actions match it bit for bit on the same device
+        x = obs.view(1, self.obs_dim).to(self.rnn.weight_hh_l0.dtype)      # [1, obs]
+        if self.normalize:
+            x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
+        x = self.encoder(x).unsqueeze(0)                                     # [1, 1, in]
+        hidden = self.views['hidden_state']                                  # [L, H]
+        if self.rnn_type == 'lstm':
+            cell = self.views['cell_state']
+            out, (h, c) = self.rnn(x, (hidden.unsqueeze(1), cell.unsqueeze(1)))
+            cell.copy_(c.view_as(cell))
+        else:
+            out, h = self.rnn(x, hidden.unsqueeze(1))
+        hidden.copy_(h.view_as(hidden))
+        mean = self.actor(out.squeeze(0)).view(self.act_dim)                 # [A]
+        if self.noise_std > 0:
+            mean = mean + self._noise(self.act_dim)
+            self.views['rng'][1:2].add_(1)
+        action.copy_(mean)
