@@ -8,6 +8,7 @@ updated deterministically from what each operation did; the step path never read
 from collections import deque
 import copy
 from dataclasses import dataclass, replace
+from functools import partial
 import math
 import threading
 import time
@@ -105,7 +106,10 @@ class PolicyEngine:
 
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
-                 debug=False):
+                 debug=False, last_action=None):
+        """last_action: (start, size, scale, offset, clip) of an observation slot that the
+        step fills from the previous action (ObservationLayout.device_feedback()), or None.
+        That action is then state ('last_action' in the arena), restored with a capsule."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.debug = debug
@@ -113,6 +117,10 @@ class PolicyEngine:
         if any(s.name == 'meta' or s.kind == 'meta' for s in specs):
             raise InvalidConfig('policies must not declare meta buffers; the engine adds them')
         specs.append(BufferSpec('meta', (4,), torch.int64, 'meta'))   # step, episode, pos, -
+        self._feedback = None
+        if last_action is not None:
+            specs.append(BufferSpec('last_action', (int(policy.act_dim),), torch.float32,
+                                    'history'))
         self.arena = StateArena(specs, self.device)
         self.meta = self.arena['meta']
         self.policy.bind(self.arena.views)
@@ -139,6 +147,8 @@ class PolicyEngine:
         self.episode = 0
         self._reinit(episode=0)
         self._ptrs = {n: v.data_ptr() for n, v in self.arena.views.items()}
+        if last_action is not None:
+            self._feedback = self._make_feedback(*last_action)
 
         # Same step function on every device: captured on CUDA, called eagerly on CPU.
         enabled = bool(cuda_graph) and self.device.type == 'cuda'
@@ -148,9 +158,28 @@ class PolicyEngine:
 
     # -- the step ------------------------------------------------------------------------------
 
+    def _make_feedback(self, start, size, scale, offset, clip):
+        if size != self.act_dim or not 0 <= start <= self.obs_dim - size:
+            raise InvalidConfig(f'last_action slot [{start}, {start + size}) does not fit '
+                                f'obs_dim {self.obs_dim} with act_dim {self.act_dim}')
+        scale, offset = np.asarray(scale, np.float64), np.asarray(offset, np.float64)
+        identity = bool(np.all(scale == 1.0) and np.all(offset == 0.0) and clip is None)
+        as_t = partial(torch.tensor, dtype=torch.float32, device=self.device)
+        return (self.obs_buf[start:start + size], self.arena['last_action'], identity,
+                as_t(scale), as_t(offset), clip)
+
     def _step_fn(self):
         self.ring.record()
+        if self._feedback is not None:
+            slot, last, identity, scale, offset, clip = self._feedback
+            if identity:        # a float32 copy: the slot holds the action bit for bit
+                slot.copy_(last)
+            else:
+                value = (last - offset) * scale
+                slot.copy_(value if clip is None else value.clamp(clip[0], clip[1]))
         self.policy.step(self.obs_buf, self.act_buf)
+        if self._feedback is not None:
+            self._feedback[1].copy_(self.act_buf)
         self.meta[META_STEP:META_STEP + 1].add_(1)
 
     def _reinit(self, episode):
