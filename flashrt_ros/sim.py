@@ -17,6 +17,23 @@ actions give the same states, bit for bit.
   ~/reward     std_msgs/Float64           out with every observation
 The official `simulation_interfaces` package is not installable here (not on PyPI), hence the
 std_srvs/Trigger + topics + this package's Snapshot/Restore types.
+
+Parameter `world`: 'cartpole' (default, the above) or 'mjcf': a floating-base robot from an
+MJCF file under joint PD control (`RobotWorld`, flashrt_ros/robot_world.py), parameters
+`mjcf_path`, `kps`, `kds`, `default_angles` (one per joint), `sim_dt` (0: the MJCF's),
+`decimation` (physics steps per control period), `joint_names` (empty: the actuated joints in
+actuator order), `clip_targets` (true: targets clipped to the joint ranges). The services and
+~/action, ~/observation ([qpos, qvel]), ~/reward (base x velocity) work as above (one ~/action
+or ~/step = one control period), and the robot topics are added:
+  ~/joint_commands std_msgs/Float64MultiArray in: position targets in joint order; one message
+                   = one control period (`decimation` physics steps), then the topics below
+  ~/joint_states   sensor_msgs/JointState out: name, position, velocity, effort (the joint
+                   actuator force of the last physics step)
+  ~/imu            sensor_msgs/Imu out: base orientation (world frame), angular velocity and
+                   linear acceleration (specific force) in the base frame; frame_id = the
+                   base body's name
+  ~/base_pose      geometry_msgs/PoseStamped out: the base body's pose, frame_id 'world'
+published after every reset, step and restore, all stamped with the simulation time.
 """
 import array
 import math
@@ -223,13 +240,65 @@ def _ros_imports():
             ReliabilityPolicy, Float32MultiArray, Float64, Trigger, fsrv)
 
 
+def _stamp(seconds):
+    """Simulation time as builtin_interfaces/Time (integer nanoseconds, no float carry)."""
+    from builtin_interfaces.msg import Time
+    sec, nanosec = divmod(int(round(seconds * 1e9)), 1_000_000_000)
+    return Time(sec=sec, nanosec=nanosec)
+
+
+class _RobotTopics:
+    """The mjcf world's robot topics on a node: ~/joint_commands in; ~/joint_states, ~/imu,
+    ~/base_pose out (see the module docstring)."""
+
+    def __init__(self, node, world, qos, group, on_command):
+        from geometry_msgs.msg import PoseStamped
+        from sensor_msgs.msg import Imu, JointState
+        from std_msgs.msg import Float64MultiArray
+        self.world = world
+        self.types = JointState, Imu, PoseStamped
+        self.joint_pub = node.create_publisher(JointState, '~/joint_states', qos)
+        self.imu_pub = node.create_publisher(Imu, '~/imu', qos)
+        self.pose_pub = node.create_publisher(PoseStamped, '~/base_pose', qos)
+        node.create_subscription(Float64MultiArray, '~/joint_commands', on_command, qos,
+                                 callback_group=group)
+
+    def publish(self):
+        JointState, Imu, PoseStamped = self.types
+        w = self.world
+        stamp = _stamp(w.sim_time)
+        names, q, dq, tau = w.joint_state()
+        js = JointState()
+        js.header.stamp = stamp
+        js.name = names
+        js.position = array.array('d', q.tobytes())
+        js.velocity = array.array('d', dq.tobytes())
+        js.effort = array.array('d', tau.tobytes())
+        self.joint_pub.publish(js)
+        quat, gyro, acc = (v.tolist() for v in w.imu())
+        imu = Imu()
+        imu.header.stamp, imu.header.frame_id = stamp, w.base_body
+        o = imu.orientation
+        o.w, o.x, o.y, o.z = quat
+        imu.angular_velocity.x, imu.angular_velocity.y, imu.angular_velocity.z = gyro
+        a = imu.linear_acceleration
+        a.x, a.y, a.z = acc
+        self.imu_pub.publish(imu)
+        pose = PoseStamped()
+        pose.header.stamp, pose.header.frame_id = stamp, 'world'
+        p = pose.pose.position
+        p.x, p.y, p.z = w.base_position().tolist()
+        pose.pose.orientation = o
+        self.pose_pub.publish(pose)
+
+
 def make_sim_node(node_name='flashrt_sim', **kwargs):
     """Builds the `flashrt_sim` node (rclpy must be initialised)."""
     (rclpy, Group, Node, HistoryPolicy, QoSProfile, ReliabilityPolicy, Float32MultiArray,
      Float64, Trigger, fsrv) = _ros_imports()
 
     class SimNode(Node):
-        """The MuJoCo cart-pole world over ROS: see the module docstring."""
+        """The MuJoCo cart-pole or MJCF robot world over ROS: see the module docstring."""
 
         def __init__(self):
             super().__init__(node_name, **kwargs)
@@ -238,9 +307,16 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
             self.declare_parameter('action_scale', 1.0)
             self.declare_parameter('steps_per_call', 1)
             self.declare_parameter('qos_depth', 10)
+            self.declare_parameter('world', 'cartpole')
             p = self.get_parameter
-            self.world = MujocoWorld(frame_skip=p('frame_skip').value,
-                                     action_scale=p('action_scale').value)
+            kind = p('world').value
+            if kind == 'cartpole':
+                self.world = MujocoWorld(frame_skip=p('frame_skip').value,
+                                         action_scale=p('action_scale').value)
+            elif kind == 'mjcf':
+                self.world = self._robot_world()
+            else:
+                raise ValueError(f"parameter world must be 'cartpole' or 'mjcf', got {kind!r}")
             self.world.reset(p('seed').value)
             self.lock = threading.Lock()    # one world operation at a time
             group = Group()
@@ -250,21 +326,52 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
             self.reward_pub = self.create_publisher(Float64, '~/reward', qos)
             self.create_subscription(Float32MultiArray, '~/action', self.action_callback, qos,
                                      callback_group=group)
+            self.robot = None
+            if kind == 'mjcf':
+                self.robot = _RobotTopics(self, self.world, qos, group, self.action_callback)
             self.create_service(Trigger, '~/reset', self.reset_callback, callback_group=group)
             self.create_service(Trigger, '~/step', self.step_callback, callback_group=group)
             self.create_service(fsrv.Snapshot, '~/snapshot', self.snapshot_callback,
                                 callback_group=group)
             self.create_service(fsrv.Restore, '~/restore', self.restore_callback,
                                 callback_group=group)
+            what = 'cart-pole' if self.robot is None else \
+                f'{p("mjcf_path").value}, joints {", ".join(self.world.joint_names)}, ' \
+                f'dt {self.world.sim_dt} s x {self.world.decimation}'
             self.get_logger().info(
-                f'MuJoCo {mujoco.__version__} cart-pole: obs_dim {self.world.obs_dim}, '
+                f'MuJoCo {mujoco.__version__} {what}: obs_dim {self.world.obs_dim}, '
                 f'act_dim {self.world.act_dim}, state {self.world.state_size * 8} bytes')
+
+        def _robot_world(self):
+            from rcl_interfaces.msg import ParameterDescriptor
+
+            from flashrt_ros.robot_world import RobotWorld
+            # Dynamically typed, so YAML integers (kps: [100, ...]) are accepted as well.
+            free = ParameterDescriptor(dynamic_typing=True)
+            for name in ('kps', 'kds', 'default_angles', 'joint_names'):
+                self.declare_parameter(name, None, free)
+            self.declare_parameter('mjcf_path', '')
+            self.declare_parameter('sim_dt', 0.0)
+            self.declare_parameter('decimation', 1)
+            self.declare_parameter('clip_targets', True)
+            v = {name: self.get_parameter(name).value for name in (
+                'mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 'sim_dt',
+                'decimation', 'clip_targets')}
+            missing = [k for k in ('mjcf_path', 'kps', 'kds', 'default_angles') if not v[k]]
+            if missing:
+                raise ValueError(f"world 'mjcf' needs the parameters {', '.join(missing)}")
+            return RobotWorld(v['mjcf_path'], v['kps'], v['kds'], v['default_angles'],
+                              sim_dt=v['sim_dt'], decimation=v['decimation'],
+                              joint_names=v['joint_names'] or None,
+                              clip_targets=v['clip_targets'])
 
         def publish(self, obs, reward):
             msg = Float32MultiArray()
             msg.data = array.array('f', np.asarray(obs, dtype=np.float32).tobytes())
             self.obs_pub.publish(msg)
             self.reward_pub.publish(Float64(data=float(reward)))
+            if self.robot is not None:
+                self.robot.publish()
 
         def action_callback(self, msg):
             with self.lock:
