@@ -11,66 +11,37 @@ lifecycle state so that a call made while the node is not active gets a clear re
 instead of silence.
 """
 import array
+from dataclasses import asdict
 import math
 import os
+import sys
+import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from lifecycle_msgs.msg import State
 import numpy as np
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.exceptions import ParameterUninitializedException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
-from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import JointState
-from std_msgs.msg import Float32MultiArray
+from geometry_msgs.msg import Twist
+from rcl_interfaces.msg import SetParametersResult
+from sensor_msgs.msg import Imu, JointState
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, MultiArrayDimension
 from std_srvs.srv import Trigger
 import torch
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros import msg as fmsg
 from flashrt_ros import srv as fsrv
+from flashrt_ros import params
 from flashrt_ros.recovery import RecoveryMixin
 from flashrt_ros.runtime.engine import EPISODE_START, PolicyEngine
 from flashrt_ros.runtime.errors import FlashRTError, InvalidConfig, InvalidObservation
-from flashrt_ros.runtime.policies import make_policy
+from flashrt_ros.runtime.observation import JointTargets, ObservationLayout
+from flashrt_ros.runtime.policies import build_policy
 
-# name -> default; the type of the default is the parameter's type.
-PARAMETERS = {
-    'autostart': True,
-    'policy_type': 'recurrent',
-    'policy_file': '',
-    'seed': 0,
-    'obs_dim': 48,
-    'act_dim': 12,
-    'rnn_type': 'lstm',
-    'rnn_hidden_dim': 256,
-    'history_capacity': 2048,
-    'd_model': 256,
-    'n_layers': 4,
-    'heads': 4,
-    'chunk': 8,
-    'noise_std': 0.0,
-    'device': 'auto',
-    'cuda_graph': True,
-    'capsule_dir': '~/.ros/flashrt_capsules',
-    'device_budget_mb': 1024,
-    'host_budget_mb': 4096,
-    'rollback_depth': 32,
-    'observation_type': 'float32_array',
-    'joint_names': Parameter.Type.STRING_ARRAY,
-    'action_joint_names': Parameter.Type.STRING_ARRAY,
-    'qos_depth': 10,
-    'qos_reliability': 'reliable',
-    'status_period': 1.0,
-    'checkpoint_every': 0,
-    'checkpoint_keep': 3,
-    'checkpoint_to_disk': False,
-    'poison_check': True,
-    'on_poison': 'recover',
-    'restore_on_start': '',
-}
 STATE_NAMES = {State.PRIMARY_STATE_UNCONFIGURED: 'unconfigured',
                State.PRIMARY_STATE_INACTIVE: 'inactive',
                State.PRIMARY_STATE_ACTIVE: 'active',
@@ -98,25 +69,45 @@ def capsule_info(manifest):
     return info
 
 
+def _stamp(msg):
+    return (msg.header.stamp.sec, msg.header.stamp.nanosec)
+
+
+def build_engine(cfg, policy_cfg, layout=None):
+    """The PolicyEngine a configure builds (also used by tests for reference runs)."""
+    policy = build_policy(policy_cfg, device='cpu')
+    return PolicyEngine(policy, device=cfg['device'], cuda_graph=cfg['cuda_graph'],
+                        rollback_depth=cfg['rollback_depth'],
+                        device_budget=cfg['device_budget_mb'] << 20,
+                        host_budget=cfg['host_budget_mb'] << 20,
+                        capsule_dir=cfg['capsule_dir'],
+                        last_action=layout.device_feedback() if layout else None)
+
+
 class PolicyNode(RecoveryMixin, LifecycleNode):
     """Lifecycle node `flashrt_policy`: see the module docstring."""
 
     def __init__(self, node_name='flashrt_policy', **kwargs):
         super().__init__(node_name, **kwargs)
-        for name, default in PARAMETERS.items():
-            self.declare_parameter(name, default)
+        params.declare(self)
         self.engine = None
-        self.config = None
+        self.config = None            # dict of NodeConfig and policy config fields
+        self.layout = self.targets = None
         self._state = 'unconfigured'
         self._rejected = 0            # refused before reaching the engine (joint names, ...)
+        self._refusals = {}           # reason -> count, for diagnostics
+        self._last_refusal = ''
         self._poisoned = 0            # steps whose action or state held NaN/Inf
         self._holding = False         # on_poison 'hold': refuse observations until restored
         self._scrub = False           # a poisoned step may have left NaN rows past position
         self._checkpoint_seq = 0
         self._resumed_from = ''
         self._rejected_reported = 0
-        self._obs_sub = self._status_timer = None
+        self._inputs = {}             # terms: reading -> (value, stamp, arrival time)
+        self._stepped_stamp = None    # lockstep: stamp of the joint state last stepped on
+        self._subs, self._control_timer, self._status_timer = [], None, None
         self._action_pub = self._status_pub = self._diag_pub = None
+        self._command_pubs = []
         self._obs_group = MutuallyExclusiveCallbackGroup()
         self._srv_group = ReentrantCallbackGroup()
         services = [
@@ -134,46 +125,49 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         for srv_type, name, callback in services:
             self.create_service(srv_type, '~/' + name, callback,
                                 callback_group=self._srv_group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
 
     # -- parameters ----------------------------------------------------------------------------
 
+    def _on_set_parameters(self, changes):
+        """Vets every change against the typed configs before it lands; settings marked live
+        apply at once, the others only while unconfigured (they shape what configure builds)."""
+        names = {f.name for f in params.ALL_FIELDS}
+        values = {n: self.get_parameter(n).value for n in names}
+        for p in changes:
+            if p.name in names:
+                values[p.name] = p.value
+        try:
+            params.build({k: list(v) if isinstance(v, (list, tuple)) else v
+                          for k, v in values.items()})
+        except (InvalidConfig, TypeError) as exc:
+            return SetParametersResult(successful=False, reason=str(exc))
+        fixed = [p.name for p in changes if p.name in names and p.name not in params.LIVE]
+        if self.engine is not None and fixed:
+            return SetParametersResult(successful=False, reason=(
+                f'{fixed} shape what configure builds: deactivate and cleanup the node, set '
+                'them, then configure again'))
+        if self.config is not None:
+            for p in changes:
+                if p.name in params.LIVE:
+                    self.config[p.name] = p.value
+                    if p.name == 'status_period' and self._status_timer is not None:
+                        self.destroy_timer(self._status_timer)
+                        self._status_timer = self.create_timer(p.value, self.publish_status)
+        return SetParametersResult(successful=True)
+
     def _read_config(self):
-        """Parameters as a dict, checked; InvalidConfig names the offending parameter."""
-        cfg = {}
-        for name in PARAMETERS:
-            try:
-                value = self.get_parameter(name).value
-            except ParameterUninitializedException:
-                value = None
-            if name.endswith('joint_names'):
-                value = [v for v in (value or []) if v]    # unset string arrays read as None
-            cfg[name] = value
+        """(dict of every setting, policy config, observation layout or None); InvalidConfig
+        names the offending parameter."""
+        node_cfg, policy_cfg = params.read(self)
+        cfg = {**asdict(policy_cfg), **asdict(node_cfg)}
 
         def need(ok, name, what):
             if not ok:
                 raise InvalidConfig(f'parameter {name!r} = {cfg[name]!r}: {what}')
 
-        need(cfg['policy_type'] in ('recurrent', 'history'), 'policy_type',
-             "must be 'recurrent' or 'history'")
-        for name in ('obs_dim', 'act_dim', 'rnn_hidden_dim', 'history_capacity', 'd_model',
-                     'n_layers', 'heads', 'chunk', 'rollback_depth', 'qos_depth'):
-            need(cfg[name] >= 1, name, 'must be >= 1')
-        need(cfg['noise_std'] >= 0.0, 'noise_std', 'must be >= 0')
-        need(cfg['device_budget_mb'] >= 0 and cfg['host_budget_mb'] >= 0, 'device_budget_mb',
-             'budgets must be >= 0')
-        need(cfg['status_period'] > 0.0, 'status_period', 'must be > 0')
-        need(cfg['checkpoint_every'] >= 0, 'checkpoint_every', 'must be >= 0 (0: off)')
-        need(cfg['checkpoint_keep'] >= 1, 'checkpoint_keep', 'must be >= 1')
-        need(cfg['on_poison'] in ('recover', 'hold'), 'on_poison',
-             "must be 'recover' (restore the newest valid checkpoint) or 'hold' (publish "
-             'nothing until a restore, recover or reset_episode)')
-        need(cfg['qos_reliability'] in ('reliable', 'best_effort'), 'qos_reliability',
-             "must be 'reliable' or 'best_effort'")
-        need(cfg['observation_type'] in ('float32_array', 'joint_state'), 'observation_type',
-             "must be 'float32_array' or 'joint_state'")
-        if cfg['policy_file']:
-            cfg['policy_file'] = os.path.expanduser(cfg['policy_file'])
-            need(os.path.isfile(cfg['policy_file']), 'policy_file', 'no such file')
+        if policy_cfg.policy_file:
+            need(os.path.isfile(policy_cfg.policy_file), 'policy_file', 'no such file')
         device = cfg['device']
         if device == 'auto':
             device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -185,41 +179,50 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         need(device.type != 'cuda' or torch.cuda.is_available(), 'device',
              'CUDA is not available on this machine')
         cfg['device'] = device
+        joints = cfg['joint_names']
+        if len(set(joints)) != len(joints):
+            need(False, 'joint_names', 'names a joint twice')
+        layout = None
         if cfg['observation_type'] == 'joint_state':
-            fields = len(cfg['joint_names'])
-            need(fields > 0 and cfg['obs_dim'] in (fields, 2 * fields), 'joint_names',
-                 'joint_state observations need obs_dim == len(joint_names) (positions) or '
-                 '2 * len(joint_names) (positions then velocities)')
+            need(len(joints) > 0 and cfg['obs_dim'] in (len(joints), 2 * len(joints)),
+                 'joint_names', 'joint_state observations need obs_dim == len(joint_names) '
+                 '(positions) or 2 * len(joint_names) (positions then velocities)')
             need(len(cfg['action_joint_names']) in (0, cfg['act_dim']), 'action_joint_names',
                  'must be empty or hold act_dim names')
+        elif cfg['observation_type'] == 'terms':
+            need(len(joints) == cfg['act_dim'], 'joint_names',
+                 f'terms: one joint per action (act_dim {cfg["act_dim"]})')
+            need(len(cfg['default_angles']) == len(joints), 'default_angles',
+                 'terms: one default angle per joint in joint_names')
+            need(len(cfg['action_scale']) in (1, len(joints)), 'action_scale',
+                 'terms: one value, or one per joint')
+            need(len(cfg['initial_command']) in (0, 3), 'initial_command',
+                 'empty or (vx, vy, yaw rate)')
+            need(len(cfg['observation_terms']) > 0, 'observation_terms',
+                 "observation_type 'terms' needs the ordered term names")
+            layout = ObservationLayout(params.term_specs(self, cfg['observation_terms']),
+                                       joints, cfg['default_angles'], cfg['act_dim'])
+            need(layout.obs_dim == cfg['obs_dim'], 'obs_dim',
+                 f'the observation terms add up to {layout.obs_dim} values')
+            need(cfg['control_mode'] == 'timer' or 'joint_state' in layout.needs,
+                 'control_mode', 'lockstep steps on each new joint state; these terms read '
+                 "none: use 'timer'")
+            self.targets = JointTargets(joints, cfg['default_angles'], cfg['action_scale'],
+                                        cfg['joint_lower_limits'], cfg['joint_upper_limits'])
+        if not cfg['capsule_dir']:
+            # one directory per node: two robots on one machine never share capsules
+            cfg['capsule_dir'] = os.path.join('~', '.ros', 'flashrt_capsules',
+                                              self.get_fully_qualified_name().lstrip('/'))
         cfg['capsule_dir'] = os.path.expanduser(cfg['capsule_dir'])
-        return cfg
-
-    def _build_engine(self, cfg):
-        if cfg['policy_type'] == 'recurrent':
-            sizes = dict(rnn_type=cfg['rnn_type'], rnn_hidden_dim=cfg['rnn_hidden_dim'])
-            if cfg['policy_file']:
-                sizes = {}      # the file (rsl_rl policy.pt) states its own sizes
-        else:
-            sizes = dict(capacity=cfg['history_capacity'], d_model=cfg['d_model'],
-                         n_layers=cfg['n_layers'], heads=cfg['heads'], chunk=cfg['chunk'])
-        if cfg['noise_std'] > 0.0:
-            sizes['noise_std'] = cfg['noise_std']
-        policy = make_policy(cfg['policy_type'], cfg['obs_dim'], cfg['act_dim'],
-                             file=cfg['policy_file'], seed=cfg['seed'], **sizes)
-        return PolicyEngine(policy, device=cfg['device'], cuda_graph=cfg['cuda_graph'],
-                            rollback_depth=cfg['rollback_depth'],
-                            device_budget=cfg['device_budget_mb'] << 20,
-                            host_budget=cfg['host_budget_mb'] << 20,
-                            capsule_dir=cfg['capsule_dir'])
+        return cfg, policy_cfg, layout
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def on_configure(self, state):
         try:
-            cfg = self._read_config()
-            self.engine = self._build_engine(cfg)
-            self.config = cfg
+            cfg, policy_cfg, layout = self._read_config()
+            self.engine = build_engine(cfg, policy_cfg, layout)
+            self.config, self.layout = cfg, layout
             self._resume(cfg['restore_on_start'])
             self._create_publishers(cfg)
         except Exception as exc:  # noqa: B902 - rclpy would swallow it without a word
@@ -227,6 +230,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             self._release_configured()
             return TransitionCallbackReturn.FAILURE
         self._rejected = self._rejected_reported = self._poisoned = 0
+        self._refusals, self._last_refusal = {}, ''
         self._holding = self._scrub = False
         e = self.engine
         self.get_logger().info(
@@ -244,15 +248,43 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         action_type = JointState if cfg['observation_type'] == 'joint_state' and \
             cfg['action_joint_names'] else Float32MultiArray
         self._action_pub = self.create_lifecycle_publisher(action_type, '~/action', self._qos)
+        self._command_pubs = []
+        if cfg['observation_type'] == 'terms':
+            for output in cfg['command_outputs']:
+                msg_type, topic = {'float64_array': (Float64MultiArray, '~/joint_commands'),
+                                   'joint_trajectory': (JointTrajectory, '~/joint_trajectory')
+                                   }[output]
+                self._command_pubs.append(
+                    self.create_lifecycle_publisher(msg_type, topic, self._qos))
         self._status_pub = self.create_lifecycle_publisher(fmsg.PolicyStatus, '~/status', 10)
         self._diag_pub = self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics', 10)
 
     def on_activate(self, state):
         cfg = self.config
-        obs_type = JointState if cfg['observation_type'] == 'joint_state' else Float32MultiArray
-        self._obs_sub = self.create_subscription(obs_type, '~/observation',
-                                                 self.observation_callback, self._qos,
-                                                 callback_group=self._obs_group)
+        sub = self._subscribe
+        if cfg['observation_type'] == 'float32_array':
+            sub(Float32MultiArray, '~/observation', self.observation_callback)
+        elif cfg['observation_type'] == 'joint_state':
+            sub(JointState, '~/observation', self.observation_callback)
+        else:
+            self._inputs, self._stepped_stamp = {}, None
+            needs = self.layout.needs
+            if 'joint_state' in needs:
+                sub(JointState, '~/joint_states', self.joint_state_callback)
+            if 'imu' in needs:
+                sub(Imu, '~/imu', self.imu_callback)
+            if 'command' in needs:
+                sub(Twist, '~/cmd_vel', self.command_callback)
+                if cfg['initial_command']:
+                    self._inputs['command'] = (tuple(cfg['initial_command']), None, math.inf)
+            for term in self.layout.terms:
+                if term.type == 'raw':
+                    sub(Float32MultiArray, f'~/input/{term.name}',
+                        lambda msg, name=term.name: self._store('raw:' + name, msg.data))
+            if cfg['control_mode'] == 'timer':
+                self._control_timer = self.create_timer(1.0 / cfg['control_rate'],
+                                                        self.control_callback,
+                                                        callback_group=self._obs_group)
         self._status_timer = self.create_timer(cfg['status_period'], self.publish_status)
         try:
             # Kept across deactivate/activate; a resumed process keeps the one it loaded.
@@ -266,6 +298,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                                       'will start from the initial state')
         self._state = 'active'
         return super().on_activate(state)
+
+    def _subscribe(self, msg_type, topic, callback):
+        self._subs.append(self.create_subscription(msg_type, topic, callback, self._qos,
+                                                   callback_group=self._obs_group))
 
     def on_deactivate(self, state):
         self._state = 'inactive'
@@ -285,19 +321,21 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def _release_active(self):
-        if self._obs_sub is not None:
-            self.destroy_subscription(self._obs_sub)
-            self._obs_sub = None
-        if self._status_timer is not None:
-            self.destroy_timer(self._status_timer)
-            self._status_timer = None
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        self._subs = []
+        for timer in (self._control_timer, self._status_timer):
+            if timer is not None:
+                self.destroy_timer(timer)
+        self._control_timer = self._status_timer = None
 
     def _release_configured(self):
-        for pub in (self._action_pub, self._status_pub, self._diag_pub):
+        for pub in (self._action_pub, self._status_pub, self._diag_pub, *self._command_pubs):
             if pub is not None:
                 self.destroy_lifecycle_publisher(pub)
         self._action_pub = self._status_pub = self._diag_pub = None
-        self.engine = self.config = None   # frees the arena, graphs and device capsules
+        self._command_pubs = []
+        self.engine = self.config = self.layout = self.targets = None   # frees arena, graphs
 
     @property
     def active(self):
@@ -305,10 +343,20 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
 
     # -- control loop --------------------------------------------------------------------------
 
+    def _refuse(self, reason, level='warning'):
+        """Counts a refused step by reason (diagnostics report them) and logs it."""
+        self._rejected += 1
+        key = reason.split(':')[0][:60]
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+        self._last_refusal = reason
+        getattr(self.get_logger(), level)(f'step refused: {reason}', throttle_duration_sec=1.0)
+
     def _observation_vector(self, msg):
         if isinstance(msg, Float32MultiArray):
             return np.asarray(msg.data, dtype=np.float32) \
                 if len(msg.data) else np.zeros(0, np.float32)
+        if len(set(msg.name)) != len(msg.name):
+            raise InvalidObservation(f'joint_state names a joint twice: {list(msg.name)}')
         index = {name: i for i, name in enumerate(msg.name)}
         joints = self.config['joint_names']
         missing = [n for n in joints if n not in index]
@@ -326,34 +374,123 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
 
     def observation_callback(self, msg):
         """One observation = one committed step = one published action."""
-        engine = self.engine
-        if not self.active or engine is None:
-            return
-        if self._holding:
-            self._rejected += 1
-            self.get_logger().error('observation refused: the state was poisoned (NaN/Inf); '
-                                    'call ~/recover, ~/restore or ~/reset_episode',
-                                    throttle_duration_sec=1.0)
+        if not self.active or self.engine is None:
             return
         try:
             obs = self._observation_vector(msg)
         except InvalidObservation as exc:
-            self._rejected += 1
-            self.get_logger().warning(f'observation refused: {exc}', throttle_duration_sec=1.0)
+            self._refuse(str(exc))
             return
+        self._step(obs)
+
+    # terms: readings are kept with their stamp and arrival time; steps assemble them
+    def _store(self, key, value, stamp=None):
+        self._inputs[key] = (value, stamp, time.monotonic())
+
+    def joint_state_callback(self, msg):
+        self._store('joint_state', (list(msg.name), np.asarray(msg.position),
+                                    np.asarray(msg.velocity)), _stamp(msg))
+        self._lockstep()
+
+    def imu_callback(self, msg):
+        o, w = msg.orientation, msg.angular_velocity
+        self._store('imu', ((o.x, o.y, o.z, o.w), (w.x, w.y, w.z)), _stamp(msg))
+        self._lockstep()
+
+    def command_callback(self, msg):
+        self._store('command', (msg.linear.x, msg.linear.y, msg.angular.z))
+
+    def _lockstep(self):
+        """Simulation: one step per new joint state, once the IMU reading of the same stamp
+        (if the terms use one) has arrived too, whichever came second."""
+        if self.config is None or self.config['control_mode'] != 'lockstep':
+            return
+        joint = self._inputs.get('joint_state')
+        if joint is None or joint[1] == self._stepped_stamp:
+            return
+        if 'imu' in self.layout.needs:
+            imu = self._inputs.get('imu')
+            if imu is None or imu[1] != joint[1]:
+                return              # wait for the matching IMU reading
+        self._stepped_stamp = joint[1]
+        self._step_terms()
+
+    def control_callback(self):
+        """Robot: a step at control_rate over the newest readings; stale or missing ones
+        refuse the step (counted, diagnosed) and nothing new is published."""
+        now, limit = time.monotonic(), self.config['max_input_age']
+        for key in sorted(self.layout.needs - {'raw'}) + [
+                'raw:' + t.name for t in self.layout.terms if t.type == 'raw']:
+            reading = self._inputs.get(key)
+            if reading is None:
+                self._refuse(f'missing input: no {key} received yet')
+                return
+            if key != 'command' and now - reading[2] > limit:
+                self._refuse(f'stale input: {key} is {1e3 * (now - reading[2]):.0f} ms old '
+                             f'(max_input_age {1e3 * limit:.0f} ms)')
+                return
+        self._step_terms()
+
+    def _step_terms(self):
+        if not self.active or self.engine is None:
+            return
+        get = self._inputs.get
+        raw = {t.name: get('raw:' + t.name, (None,))[0] for t in self.layout.terms
+               if t.type == 'raw'}
+        try:
+            obs = self.layout.assemble(self.engine.step_index,
+                                       joint_state=get('joint_state', (None,))[0],
+                                       imu=get('imu', (None,))[0],
+                                       command=get('command', (None,))[0], raw=raw)
+        except InvalidObservation as exc:
+            self._refuse(str(exc))
+            return
+        action = self._step(obs)
+        if action is None:
+            return
+        targets = self.targets(action.numpy())
+        for pub in self._command_pubs:
+            pub.publish(self._command_message(pub.msg_type, targets))
+
+    def _step(self, obs):
+        """The committed step and the raw action; None (nothing published) when refused."""
+        engine = self.engine
+        if self._holding:
+            self._refuse('the state was poisoned (NaN/Inf); call ~/recover, ~/restore or '
+                         '~/reset_episode', level='error')
+            return None
         try:
             action = engine.step(obs)
         except FlashRTError as exc:
-            if not isinstance(exc, InvalidObservation):
-                self._rejected += 1       # the engine counts the InvalidObservation ones
-            self.get_logger().warning(f'observation refused: {exc}', throttle_duration_sec=1.0)
-            return
+            if isinstance(exc, InvalidObservation):
+                self._refusals['observation'] = self._refusals.get('observation', 0) + 1
+                self._last_refusal = str(exc)
+                self.get_logger().warning(f'step refused: {exc}', throttle_duration_sec=1.0)
+            else:
+                self._refuse(str(exc))   # the engine counts the InvalidObservation ones
+            return None
         if self.config['poison_check'] and self._poison(engine, action):
-            return
+            return None
         self._action_pub.publish(self._action_message(action))
         every = self.config['checkpoint_every']
         if every and engine.step_index % every == 0:
             self._checkpoint(engine)
+        return action
+
+    def _command_message(self, msg_type, targets):
+        if msg_type is Float64MultiArray:
+            out = Float64MultiArray()
+            out.layout.dim = [MultiArrayDimension(label='joints', size=len(targets),
+                                                  stride=len(targets))]
+            out.data = array.array('d', targets.tobytes())
+            return out
+        out = JointTrajectory()
+        out.header.stamp = self.get_clock().now().to_msg()
+        out.joint_names = self.config['joint_names']
+        point = JointTrajectoryPoint()
+        point.positions = array.array('d', targets.tobytes())
+        out.points = [point]          # time_from_start 0: reach it now (the controller's PD)
+        return out
 
     def _action_message(self, action):
         values = action.numpy()
@@ -402,8 +539,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         level, message = DiagnosticStatus.OK, f'{status.state}, step {status.step}'
         if rejected > self._rejected_reported:
             level = DiagnosticStatus.WARN
-            message = f'{rejected - self._rejected_reported} observations refused since last ' \
-                      'report (wrong length, NaN/Inf, missing joints or history full)'
+            message = f'{rejected - self._rejected_reported} steps refused since last ' \
+                      f'report; last: {self._last_refusal}'
         self._rejected_reported = rejected
         diag = DiagnosticStatus(level=level, name=f'flashrt_ros: {self.get_name()}',
                                 message=message, hardware_id=status.device)
@@ -412,6 +549,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                       'capsules', 'device_bytes_used', 'device_bytes_budget', 'host_bytes_used',
                       'rejected_observations'):
             diag.values.append(KeyValue(key=field, value=str(getattr(status, field))))
+        for reason, count in sorted(self._refusals.items()):
+            diag.values.append(KeyValue(key=f'refused: {reason}', value=str(count)))
         array_msg = DiagnosticArray()
         array_msg.header.stamp = status.header.stamp
         array_msg.status = [diag]
@@ -516,20 +655,29 @@ def main(args=None):
     # executor; the engine's lock keeps that correct.
     executor = SingleThreadedExecutor()
     executor.add_node(node)
+    status = 0
     if node.get_parameter('autostart').value:
-        # What nav2's lifecycle manager would do: configure, then activate.
+        # What nav2's lifecycle manager would do: configure, then activate. A robot without
+        # its policy must not look alive: exit non-zero so launch, systemd and CI see it.
         if node.trigger_configure() != TransitionCallbackReturn.SUCCESS or \
                 node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
-            node.get_logger().fatal('autostart failed; see the error above')
+            node.get_logger().fatal('autostart failed (the reason is logged above); exiting '
+                                    'with status 1')
+            status = 1
     try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        while status == 0 and rclpy.ok():
+            try:
+                executor.spin()
+            except (KeyboardInterrupt, ExternalShutdownException):
+                break
+            except Exception as exc:  # noqa: B902 - a callback must never take the robot down
+                node.get_logger().error(f'callback failed and was dropped: {exc!r}')
     finally:
         node.destroy_node()
         executor.shutdown()
         if rclpy.ok():
             rclpy.try_shutdown()
+    sys.exit(status)
 
 
 if __name__ == '__main__':

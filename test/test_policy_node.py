@@ -24,7 +24,8 @@ import torch  # noqa: E402
 
 from flashrt_ros.runtime.capsule import Capsule  # noqa: E402
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
-from flashrt_ros.policy_node import PARAMETERS, PolicyNode  # noqa: E402
+from flashrt_ros import params as node_params  # noqa: E402
+from flashrt_ros.policy_node import build_engine, PolicyNode  # noqa: E402
 
 SUCCESS = TransitionCallbackReturn.SUCCESS
 RECURRENT = dict(policy_type='recurrent', obs_dim=6, act_dim=3, rnn_hidden_dim=16)
@@ -52,12 +53,13 @@ def wait_for(predicate, timeout=30.0, what='condition'):
 
 def reference_actions(params, observations, directory):
     """Actions of the same policy on a fresh engine (no ROS) that sees only `observations`."""
-    cfg = {name: (default if not isinstance(default, Parameter.Type) else [])
-           for name, default in PARAMETERS.items()}
-    cfg.update(params)
-    cfg['device'] = torch.device('cpu')
-    cfg['capsule_dir'] = str(directory)
-    engine = PolicyNode._build_engine(None, cfg)
+    values = {f.name: node_params._default(f) for f in node_params.ALL_FIELDS}
+    values.update(params)
+    node_cfg, policy_cfg = node_params.build(values)
+    cfg = {'device': torch.device('cpu'), 'cuda_graph': True, 'capsule_dir': str(directory),
+           'rollback_depth': node_cfg.rollback_depth, 'device_budget_mb': 1024,
+           'host_budget_mb': 1024}
+    engine = build_engine(cfg, policy_cfg)
     return engine, [engine.step(o).tolist() for o in observations]
 
 
@@ -401,8 +403,30 @@ def test_lifecycle_cycle(make):
     assert h.call('snapshot', name='again').success
 
 
-@pytest.mark.parametrize('name, value', [('policy_type', 'foo'), ('obs_dim', 0),
-                                         ('rollback_depth', 0), ('device', 'tpu')])
+def test_out_of_range_parameters_are_refused_up_front(make):
+    # ranges live in the parameter descriptors: a params file out of range fails at start,
+    # naming the parameter; a set out of range or off its choices is refused and changes
+    # nothing
+    for name in ('obs_dim', 'rollback_depth'):
+        with pytest.raises(rclpy.exceptions.InvalidParameterValueException, match=name):
+            make(dict(RECURRENT, **{name: 0}), start=False)
+    h = make(RECURRENT, start=False)
+    for name, value, says in (('obs_dim', 0, 'obs_dim'), ('qos_reliability', 'bogus', 'one of'),
+                              ('obs_history', 0, 'obs_history'), ('activation', 7, 'type')):
+        result = h.node.set_parameters([Parameter(name, value=value)])[0]
+        assert not result.successful and says in result.reason, result.reason
+    assert h.node.get_parameter('qos_reliability').value == 'reliable'
+    # configured: settings that shape the engine are refused with what to do instead; live
+    # ones apply at once
+    assert h.node.trigger_configure() == SUCCESS
+    result = h.node.set_parameters([Parameter('obs_dim', value=7)])[0]
+    assert not result.successful and 'cleanup' in result.reason
+    assert h.node.set_parameters([Parameter('checkpoint_keep', value=5)])[0].successful
+    assert h.node.config['checkpoint_keep'] == 5
+
+
+@pytest.mark.parametrize('name, value', [('policy_type', 'foo'), ('device', 'tpu'),
+                                         ('policy_file', '/nonexistent/policy.pt')])
 def test_invalid_parameter_fails_configure(make, capfd, name, value):
     h = make(dict(RECURRENT, **{name: value}), start=False)
     assert h.node.trigger_configure() == TransitionCallbackReturn.FAILURE
@@ -414,7 +438,8 @@ def test_invalid_parameter_fails_configure(make, capfd, name, value):
         time.sleep(0.01)
     assert 'configure failed' in err and f"parameter '{name}'" in err, err
     # Fixing the parameter makes the next configure work.
-    good = dict(PARAMETERS, device='cpu', **RECURRENT)[name]
+    good = dict({f.name: node_params._default(f) for f in node_params.ALL_FIELDS},
+                device='cpu', **RECURRENT)[name]
     h.node.set_parameters([Parameter(name, value=good)])
     assert h.node.trigger_configure() == SUCCESS
     h.activate()

@@ -130,7 +130,7 @@ def _wait_for_new_process(node, client, old):
 def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
     capsules = tmp_path / 'capsules'
     params = dict(RECURRENT, device='cpu', capsule_dir=str(capsules), checkpoint_every=10,
-                  checkpoint_to_disk='true', status_period=0.2)
+                  checkpoint_to_disk=True, status_period=0.2)
     observations = obs_range(0, 40)
     _, ref = reference_actions(params, observations, tmp_path / 'reference')
     rclpy.init()
