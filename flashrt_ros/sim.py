@@ -329,6 +329,14 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
             self.robot = None
             if kind == 'mjcf':
                 self.robot = _RobotTopics(self, self.world, qos, group, self.action_callback)
+                # Lock-step self-heals: while no command comes, the current readings are sent
+                # again (same stamp, so a lockstep policy steps on them once). A controller
+                # that started after the world, or missed a message, then picks the loop up.
+                self.declare_parameter('republish_period', 0.5)
+                self._last_publish = time.monotonic()
+                period = float(p('republish_period').value)
+                if period > 0:
+                    self.create_timer(period, self._republish, callback_group=group)
             self.create_service(Trigger, '~/reset', self.reset_callback, callback_group=group)
             self.create_service(Trigger, '~/step', self.step_callback, callback_group=group)
             self.create_service(fsrv.Snapshot, '~/snapshot', self.snapshot_callback,
@@ -365,7 +373,15 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
                               joint_names=v['joint_names'] or None,
                               clip_targets=v['clip_targets'])
 
+        def _republish(self):
+            with self.lock:
+                if time.monotonic() - self._last_publish >= \
+                        self.get_parameter('republish_period').value:
+                    self.robot.publish()
+                    self._last_publish = time.monotonic()
+
         def publish(self, obs, reward):
+            self._last_publish = time.monotonic()
             msg = Float32MultiArray()
             msg.data = array.array('f', np.asarray(obs, dtype=np.float32).tobytes())
             self.obs_pub.publish(msg)
