@@ -107,6 +107,10 @@ def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
     distance, low = xyz[-1, 0] - xyz[0, 0], xyz[:, 2].min()
     print(f'G1 through the node: {len(actions)} policy steps, {stamps[-1] / 1e9:.2f} s, '
           f'{distance:.3f} m forward, pelvis min {low:.4f} m')
+    if os.environ.get('FLASHRT_G1_LOG'):     # for scripts/plot_walk.py --log (README picture)
+        with open(os.environ['FLASHRT_G1_LOG'], 'w') as f:
+            f.write('time,x,y,z\n')
+            f.writelines(f'{s / 1e9},{x},{y},{z}\n' for s, (x, y, z) in sorted(poses.items()))
     assert low > 0.5 and distance >= 8.0
     # every published action equals motion.pt run directly on the world's readings
     reference = torch.jit.load(str(ROBOT / 'motion.pt'))
