@@ -69,6 +69,15 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
       colcon-cmake==0.2.30 colcon-library-path==0.2.1 colcon-bash==0.5.0 'setuptools<80')
   fi
   quiet_pip install "${reqs[@]}"
+  # Test fixtures (requirements/test.txt), all --no-deps so pip never replaces the pinned torch:
+  # each rsl-rl-lib pin in its own folder (two versions cannot share one site-packages), the
+  # rest in deps/. Only the fixture builder (test/policy_exports.py) puts them on sys.path.
+  rm -rf "$VENV/rsl_rl" && mkdir -p "$VENV/rsl_rl"
+  for pin in $(grep -E '^rsl-rl-lib==' requirements/test.txt); do
+    quiet_pip install --no-deps --target "$VENV/rsl_rl/${pin#rsl-rl-lib==}" "$pin"
+  done
+  grep -vE '^(#|$|rsl-rl-lib==)' requirements/test.txt >"$VENV/rsl_rl/deps.txt"
+  quiet_pip install --no-deps --target "$VENV/rsl_rl/deps" -r "$VENV/rsl_rl/deps.txt"
   echo "$stamp_want" >"$stamp_file"
 fi
 
