@@ -372,3 +372,39 @@ def test_prefill_matches_stepping_on_cuda():
     # in cuDNN convolutions), so the bound is looser than on CPU
     torch.testing.assert_close(run(filled, observations[33:]), run(stepped, observations[33:]),
                                atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('rnn_type', ['lstm', 'gru'])
+def test_scripted_policy_captured_equals_eager_and_the_file_on_cuda(tmp_path, rnn_type):
+    # the TorchScript file's own forward, its state buffers in the arena, inside a CUDA graph,
+    # with the last-action feedback slot filled in the graph too
+    from flashrt_ros.runtime.engine import PolicyEngine
+    torch.manual_seed(11)
+    rnn = (nn.LSTM if rnn_type == 'lstm' else nn.GRU)(OBS, 32, 1)
+    cls = _ExportedLSTM if rnn_type == 'lstm' else _ExportedGRU
+    exported = torch.jit.script(cls(_rsl_actor('elu'), rnn, _Normalizer(OBS)))
+    exported.save(str(tmp_path / 'policy.pt'))
+    feedback = (OBS - ACT, ACT, [1.0], [0.0], None)
+    path = str(tmp_path / 'policy.pt')
+    engines = [PolicyEngine(make_policy('recurrent', OBS, ACT, file=path), device='cuda',
+                            cuda_graph=graph, capsule_dir=str(tmp_path / str(graph)),
+                            last_action=feedback) for graph in (True, False)]
+    assert engines[0].graph_captured and not engines[1].graph_captured
+    direct = torch.jit.load(str(tmp_path / 'policy.pt'), map_location='cuda')
+    last = torch.zeros(ACT)
+    for obs in torch.randn(100, OBS):
+        obs[OBS - ACT:] = 0
+        captured, eager = (e.step(obs.numpy()) for e in engines)
+        assert torch.equal(captured, eager)
+        full = obs.clone()
+        full[OBS - ACT:] = last
+        with torch.no_grad():
+            expected = direct(full.cuda().unsqueeze(0)).view(-1).cpu()
+        assert torch.equal(eager, expected), (eager - expected).abs().max()
+        last = expected
+    observations = torch.randn(20, OBS)
+    engines[0].snapshot('s')
+    after = [engines[0].step(o.numpy()) for o in observations]
+    engines[0].restore('s')
+    assert all(torch.equal(a, engines[0].step(o.numpy())) for a, o in zip(after, observations))
