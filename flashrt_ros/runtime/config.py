@@ -47,11 +47,11 @@ class PolicyConfig:
     obs_dim: int = param(48, 'observation size the node receives (one frame when '
                          'obs_history > 1)', low=1)
     act_dim: int = param(12, 'action size the policy emits', low=1)
-    policy_file: str = param('', "policy file: TorchScript export (policy.pt, motion.pt), "
+    policy_file: str = param('', 'policy file: TorchScript export (policy.pt, motion.pt), '
                              "rsl_rl checkpoint, state_dict .pt/.safetensors, ONNX; '' = a "
                              'seeded demo policy')
     activation: str = param('', 'hidden-layer activation (elu, tanh, relu, ...). Required for '
-                            "checkpoints and state_dicts, which do not record it; checked "
+                            'checkpoints and state_dicts, which do not record it; checked '
                             "against TorchScript files; '' = from the file (elu for the demo)")
     seed: int = param(0, 'seed of the demo weights and of the sampling noise counters', low=0)
     noise_std: float = param(0.0, 'std of Gaussian action noise (0: deterministic); drawn '

@@ -97,13 +97,13 @@ def from_state_dict(kind, raw, obs_dim, act_dim, *, activation, source='state_di
                             "keys 'actor.N.weight', 'mlp.N.weight', 'memory_a.rnn.*' or "
                             f"'rnn.rnn.*'); it holds {_describe(raw)}")
     if kind == 'mlp' and recurrent:
-        raise InvalidConfig(f"{source}: holds recurrent weights (rnn.*): set policy_type "
+        raise InvalidConfig(f'{source}: holds recurrent weights (rnn.*): set policy_type '
                             "'recurrent'")
     if kind == 'recurrent' and not recurrent:
         raise InvalidConfig(f'{source}: holds no recurrent weights (memory_a.rnn.* or '
                             "rnn.rnn.*): set policy_type 'mlp'")
     if not activation:
-        raise InvalidConfig(f"{source}: a state_dict does not record its activation: set the "
+        raise InvalidConfig(f'{source}: a state_dict does not record its activation: set the '
                             f"parameter 'activation' (one of {sorted(ACTIVATIONS)}; rsl_rl "
                             "and Isaac Lab default to 'elu')")
     file_obs, file_act = _io_dims(sd, recurrent)
