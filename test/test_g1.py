@@ -16,6 +16,7 @@ from geometry_msgs.msg import PoseStamped  # noqa: E402
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Imu, JointState  # noqa: E402
 from std_msgs.msg import Float32MultiArray  # noqa: E402
+from std_srvs.srv import Trigger  # noqa: E402
 
 from flashrt_ros.client import spin_in_thread  # noqa: E402
 
@@ -58,8 +59,9 @@ def reference_observation(k, joint_state, imu, last_action):
 
 def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
     log = open(tmp_path / 'nodes.log', 'w')
+    # no re-sends: the loop starts when this test calls ~/reset, once everyone is connected
     sim = _start('sim_node', ['-p', f'mjcf_path:={ROBOT / "scene.xml"}',
-                              '-r', '__node:=flashrt_sim'], log)
+                              '-p', 'republish_period:=0.0', '-r', '__node:=flashrt_sim'], log)
     policy = _start('policy_node', [
         '-p', f'policy_file:={ROBOT / "motion.pt"}', '-p', 'device:=cpu',
         '-p', f'capsule_dir:={tmp_path / "capsules"}',
@@ -85,7 +87,20 @@ def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
     node.create_subscription(Float32MultiArray, '/flashrt_policy/action',
                              lambda m: actions.append(np.array(m.data, dtype=np.float32)), qos)
     executor = spin_in_thread(node)
+    reset = node.create_client(Trigger, '/flashrt_sim/reset')
     try:
+        # every endpoint matched before the first reading, so no message is missed
+        deadline = time.monotonic() + 120
+        while not (node.count_subscribers('/flashrt_sim/joint_states') >= 2
+                   and node.count_subscribers('/flashrt_sim/imu') >= 2
+                   and node.count_publishers('/flashrt_sim/joint_commands') >= 1
+                   and node.count_publishers('/flashrt_policy/action') >= 1
+                   and reset.service_is_ready()):
+            assert time.monotonic() < deadline, 'nodes did not come up; see nodes.log'
+            assert sim.poll() is None and policy.poll() is None, 'a node exited; see nodes.log'
+            time.sleep(0.1)
+        time.sleep(1.0)     # the graph shows endpoints slightly before data flows to them
+        assert reset.call_async(Trigger.Request()) is not None
         deadline = time.monotonic() + 240
         while (not poses or max(poses) < 20.0e9) and time.monotonic() < deadline:
             assert sim.poll() is None and policy.poll() is None, 'a node exited; see nodes.log'
