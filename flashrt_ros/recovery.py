@@ -1,21 +1,45 @@
-"""Recovery for the policy node: periodic checkpoints, poisoned-state handling and resuming
-a restarted process (parameters checkpoint_*, poison_check, on_poison, restore_on_start).
+"""Recovery in the policy node: thin glue over the runtime's Recovery collaborator
+(flashrt_ros/runtime/recovery.py: checkpoints, poison verdict, recover, resume).
 
-A mixin of PolicyNode: it uses the node's engine, config, logger and counters.
+What stays here is the node's side: what is logged (with rclpy's throttling), the poisoned-step
+count it publishes, and the on_poison choice between recovering at once and holding. Parameters
+checkpoint_every, checkpoint_keep and checkpoint_to_disk are read from the node's config at
+every use, so live parameter changes apply at the next step.
 """
-import os
-
-import torch
-
-from flashrt_ros.runtime.capsule import SUFFIX
-from flashrt_ros.runtime.engine import EPISODE_START
 from flashrt_ros.runtime.errors import FlashRTError
-
-CHECKPOINT = 'checkpoint-'        # + zero-padded sequence number; newest = highest
+from flashrt_ros.runtime.recovery import Recovery
 
 
 class RecoveryMixin:
-    """Checkpoints, poison detection, ~/recover and restore_on_start for PolicyNode."""
+    """Checkpoints, poison handling, ~/recover and restore_on_start for PolicyNode."""
+
+    @property
+    def engine(self):
+        return self.__dict__.get('_engine')
+
+    @engine.setter
+    def engine(self, engine):
+        # The node drops its engine on cleanup to free the arena; the Recovery that served it
+        # goes with it (holding it here would keep the arena alive until the next configure).
+        self.__dict__['_engine'] = engine
+        self.__dict__['_recovery'] = None
+
+    @property
+    def recovery(self):
+        """The Recovery of the current engine (None while unconfigured): its counters
+        (failed_checkpoints, last_failure, taken, sequence) are what status may publish."""
+        engine, config = self.engine, getattr(self, 'config', None)
+        if engine is None or config is None:
+            return None
+        recovery = self.__dict__.get('_recovery')
+        every, keep = config['checkpoint_every'], config['checkpoint_keep']
+        to_disk = config['checkpoint_to_disk']
+        if recovery is None:
+            recovery = Recovery(engine, every, keep, to_disk, logger=self.get_logger())
+            self.__dict__['_recovery'] = recovery
+        else:
+            recovery.configure(every, keep, to_disk)
+        return recovery
 
     def _poison(self, engine, action):
         """True (and nothing published) when the action or the recurrent state is not finite.
@@ -23,8 +47,7 @@ class RecoveryMixin:
         Every step checks the action and the static buffers (recurrent, conv, chunk, counters);
         the KV history is checked when a checkpoint is taken or chosen for recovery.
         """
-        bad = [] if bool(torch.isfinite(action).all()) else ['action']
-        bad += engine.nonfinite_buffers(static_only=True)
+        bad = self.recovery.verdict(action)
         if not bad:
             return False
         self._poisoned += 1
@@ -42,76 +65,34 @@ class RecoveryMixin:
         return True
 
     def _clear_poison(self, engine):
-        """After a restore that ends a poisoned stretch: NaN rows the poisoned steps wrote past
-        the restored position would leak into attention, so they are zeroed once."""
-        if self._scrub:
-            engine.clear_beyond_position()
+        """After a restore or reset: scrub what a poisoned stretch left, stop holding."""
+        self.recovery.after_restore()
         self._holding = self._scrub = False
 
-    def _checkpoints(self, engine):
-        return sorted((m.name for m in engine.store.list() if m.name.startswith(CHECKPOINT)),
-                      reverse=True)
-
     def _checkpoint(self, engine):
-        """A host-tier capsule (and file) of the live state; keeps the newest checkpoint_keep."""
-        if engine.nonfinite_buffers():
-            self.get_logger().error('checkpoint skipped: the live state holds NaN/Inf')
-            return
-        self._checkpoint_seq += 1
-        name = f'{CHECKPOINT}{self._checkpoint_seq:08d}'
+        """A host-tier capsule (and file) of the live state; keeps the newest checkpoint_keep.
+        A failure is logged and counted (recovery.failed_checkpoints); control goes on."""
+        recovery = self.recovery
         try:
-            engine.snapshot(name, overwrite=True, tier='host')
-            if self.config['checkpoint_to_disk']:
-                engine.save(name)     # atomic: a crash mid-write never leaves a loadable file
-            for old in self._checkpoints(engine)[self.config['checkpoint_keep']:]:
-                engine.delete(old)
-                path = os.path.join(engine.store.directory, old + SUFFIX)
-                if self.config['checkpoint_to_disk'] and os.path.exists(path):
-                    os.unlink(path)
-        except (FlashRTError, OSError) as exc:
-            self.get_logger().error(f'checkpoint {name!r} failed: {exc}',
+            recovery.checkpoint()
+        except FlashRTError as exc:
+            self.get_logger().error(f'{exc} ({recovery.failed_checkpoints} failed so far)',
                                     throttle_duration_sec=5.0)
+        except Exception as exc:  # noqa: B902 - a checkpoint must never stop the control loop
+            self.get_logger().error(f'checkpoint failed: {exc!r} ({recovery.failed_checkpoints}'
+                                    ' failed so far)', throttle_duration_sec=5.0)
+        self._checkpoint_seq = recovery.sequence
 
     def _recover(self, engine):
-        """Restores the newest checkpoint whose bytes are all finite, else episode_start."""
-        for name in self._checkpoints(engine) + [EPISODE_START]:
-            if name in engine.store and not engine.nonfinite_buffers(name):
-                result = engine.restore(name)
-                self._clear_poison(engine)
-                return f'recovered: {result.message}'
-        raise FlashRTError('no valid checkpoint or episode_start capsule to recover from')
+        """Restores the newest checkpoint (by sequence) whose bytes are all finite, else
+        episode_start; returns the message. FlashRTError when none is usable."""
+        message = f'recovered: {self.recovery.recover().message}'
+        self._holding = self._scrub = False
+        return message
 
     def _resume(self, what):
         """restore_on_start: '' (off), 'latest' (newest loadable checkpoint file), or a file
         in the capsule directory. A named file that cannot be restored fails configure."""
-        engine = self.engine
-        directory = engine.store.directory
-        self._resumed_from = ''
-        files = sorted((f for f in os.listdir(directory) if f.startswith(CHECKPOINT)
-                        and f.endswith(SUFFIX)), reverse=True) \
-            if os.path.isdir(directory) else []
-        if files:      # continue the sequence of the process that wrote them
-            self._checkpoint_seq = int(files[0][len(CHECKPOINT):-len(SUFFIX)] or 0)
-        if not what:
-            return
-        candidates = files if what == 'latest' else [what]
-        for path in candidates:
-            try:
-                name = engine.load(path, overwrite=True).manifest.name
-                bad = engine.nonfinite_buffers(name)
-                if bad:
-                    raise FlashRTError(f'{path} holds NaN/Inf in {", ".join(bad)}')
-                engine.restore(name)
-            except FlashRTError as exc:
-                if what != 'latest':
-                    raise
-                self.get_logger().warning(f'restore_on_start: skipping {path}: {exc}')
-                continue
-            self._resumed_from = path
-            if os.path.exists(os.path.join(directory, EPISODE_START + SUFFIX)):
-                engine.load(EPISODE_START + SUFFIX, overwrite=True)
-            self.get_logger().info(f'restore_on_start: resumed from {path} at step '
-                                   f'{engine.step_index}')
-            return
-        self.get_logger().info(f'restore_on_start: no usable checkpoint in {directory}; '
-                               'starting fresh')
+        recovery = self.recovery
+        self._resumed_from = recovery.resume(what)
+        self._checkpoint_seq = recovery.sequence

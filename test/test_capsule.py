@@ -1,17 +1,33 @@
-"""CapsuleStore: tiers, budgets, LRU demotion, pinning, names, paths and the disk format."""
+"""CapsuleStore: tiers, budgets, LRU demotion, pinning, names, paths and the disk format; file-
+system faults on real mounts (full, read-only), permissions with CAP_DAC_OVERRIDE dropped,
+reserved checkpoint names and signed files."""
 
+import contextlib
+import errno
+import json
 import os
+import pathlib
+import shutil
+import struct
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
+from safetensors.torch import load_file
 import torch
 
-from flashrt_ros.runtime.capsule import Capsule, CapsuleStore, Manifest
+from flashrt_ros.runtime.capsule import (Capsule, CapsuleStore, load_signing_key, Manifest,
+                                         read_file, write_file)
 from flashrt_ros.runtime.errors import (BudgetExceeded, CapsuleExists, CorruptCapsule,
-                                        IncompatibleCapsule, InvalidName, PathOutsideDirectory,
-                                        UnknownCapsule)
+                                        IncompatibleCapsule, InvalidConfig, InvalidName,
+                                        PathOutsideDirectory, ReservedName, StorageError,
+                                        UnknownCapsule, UntrustedCapsule)
 
 SCHEMA, MODEL = 'a' * 64, 'b' * 64
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KEY = bytes(range(32))
 
 
 def capsule(name, nbytes=100, pinned=False, tier='device', fill=None):
@@ -22,7 +38,8 @@ def capsule(name, nbytes=100, pinned=False, tier='device', fill=None):
 
 
 def tiers(store):
-    return {m.name: m.tier for m in store.list()}
+    """Budget tiers (a CPU store reports its device tier as 'host': see test_cpu_tier_...)."""
+    return store.placement()
 
 
 @pytest.fixture
@@ -108,7 +125,8 @@ def test_save_load_round_trip(store):
     assert store.get('a').manifest.checksum
     assert not [f for f in os.listdir(store.directory) if f.startswith('.tmp')]
     m = store.load('a.capsule', name='a2', schema_digest=SCHEMA, model_digest=MODEL)
-    assert m.name == 'a2' and m.tier == 'device' and m.step == 3
+    assert m.name == 'a2' and m.tier == 'host' and m.step == 3    # CPU device tier: host memory
+    assert tiers(store)['a2'] == 'device'
     assert torch.equal(store.get('a2').data, store.get('a').data)
     with pytest.raises(CapsuleExists):
         store.load('a.capsule')
@@ -175,3 +193,258 @@ def test_corrupt_spill_file_detected(store):
         store.data_on('a', 'cpu')
     store.delete('a')
     assert not os.path.exists(path)
+
+
+# -- helpers: real mounts and dropped capabilities ------------------------------------------------
+
+@contextlib.contextmanager
+def tmpfs(path, size='64k'):
+    """A real tmpfs at `path` (skips with the reason when mounting is refused)."""
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size},mode=0755', 'tmpfs',
+                        str(path)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f'cannot mount a tmpfs (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}')
+    try:
+        yield path
+    finally:
+        if subprocess.run(['umount', str(path)], capture_output=True).returncode:
+            subprocess.run(['umount', '-l', str(path)], capture_output=True)
+
+
+def remount_read_only(path):
+    # A read-only mount, not mode bits: root ignores those.
+    r = subprocess.run(['mount', '-o', 'remount,ro', str(path)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f'cannot remount {path} read-only: {r.stderr.strip()}')
+
+
+def fill(path):
+    """Fill the file system holding `path` until it reports ENOSPC."""
+    with open(os.path.join(path, 'filler'), 'wb', buffering=0) as f:
+        try:
+            while True:
+                f.write(b'\0' * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+def without_dac(code, *args):
+    """Run Python `code` in a subprocess that cannot bypass file permissions (root with
+    CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH dropped via setpriv). Returns its stdout."""
+    cmd = [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(ROOT)!r})\n{code}', *args]
+    if os.geteuid() == 0:
+        if shutil.which('setpriv') is None:
+            pytest.skip('setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE as root')
+        cmd = ['setpriv', '--inh-caps=-all',
+               '--bounding-set=-dac_override,-dac_read_search', *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    if r.returncode and 'setpriv' in r.stderr:
+        pytest.skip(f'setpriv refused to drop capabilities: {r.stderr.strip()}')
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+# -- tiers on the CPU ---------------------------------------------------------------------------
+
+def test_cpu_store_reports_device_tier_as_host_and_budgets_stay(tmp_path):
+    store = CapsuleStore('cpu', device_budget=300, host_budget=300, directory=str(tmp_path))
+    assert store.reported_tier('device') == 'host'
+    store.put(capsule('a'))
+    store.put(capsule('b', tier='host'))
+    assert {m.name: m.tier for m in store.list()} == {'a': 'host', 'b': 'host'}
+    assert store.placement() == {'a': 'device', 'b': 'host'}
+    # budgets still count per budget tier: a is charged to device_budget
+    assert (store.device_bytes_used, store.host_bytes_used) == (100, 100)
+    # the device tier of a CPU store already is host memory: demotion moves no bytes
+    data = store.get('a').data
+    for n in 'cde':
+        store.put(capsule(n))
+    assert store.placement()['a'] == 'host' and store.get('a').data is data
+    if torch.cuda.is_available():
+        gpu = CapsuleStore('cuda', 1 << 20, 1 << 20, str(tmp_path / 'gpu'))
+        assert gpu.reported_tier('device') == 'device'
+
+
+# -- reserved checkpoint names -----------------------------------------------------------------
+
+def test_checkpoint_names_are_reserved(store):
+    with pytest.raises(ReservedName, match="'checkpoint-00000001' is reserved"):
+        store.put(capsule('checkpoint-00000001'))
+    with pytest.raises(ReservedName):
+        store.validate_name('checkpoint-mine')
+    with store.allow_reserved():
+        store.put(capsule('checkpoint-00000001'))
+        # another thread (a service on another executor thread) does not share the grant
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(pytest.raises(
+            ReservedName, store.validate_name, 'checkpoint-2')))
+        t.start()
+        t.join()
+    assert seen
+    assert 'checkpoint-00000001' in store
+    store.get('checkpoint-00000001')            # reading, saving and deleting one is fine
+    path, _ = store.save('checkpoint-00000001')
+    # loading a checkpoint file under its own name is refused; under a user name it is fine
+    with pytest.raises(ReservedName):
+        store.load(path, overwrite=True)
+    assert store.load(path, name='mine').name == 'mine'
+    # a user capsule may not be written where resume would take it for a checkpoint
+    with pytest.raises(ReservedName, match='file name .* is reserved'):
+        store.save('mine', 'checkpoint-99999999.capsule')
+    assert not os.path.exists(os.path.join(store.directory, 'checkpoint-99999999.capsule'))
+    store.save('mine', 'sub/checkpoint-1.capsule')     # not in the directory resume scans
+    store.delete('checkpoint-00000001')
+
+
+# -- file-system faults --------------------------------------------------------------------------
+
+def test_disk_full_is_a_storage_error_and_leaves_no_temp_file(tmp_path):
+    directory = tmp_path / 'capsules'
+    with tmpfs(directory):
+        store = CapsuleStore('cpu', 1 << 20, 1 << 20, str(directory))
+        store.put(capsule('a', nbytes=16 << 10))
+        fill(directory)
+        before = sorted(os.listdir(directory))
+        with pytest.raises(StorageError, match='no space left') as e:
+            store.save('a')
+        assert e.value.errno == errno.ENOSPC and str(directory) in str(e.value)
+        assert 'free space' in str(e.value)
+        assert sorted(os.listdir(directory)) == before      # no .tmp-* left behind
+        assert 'a' in store and store.get('a').manifest.checksum == ''
+        os.unlink(directory / 'filler')
+        path, _ = store.save('a')                           # works again once space is back
+        assert read_file(path)[0].name == 'a'
+
+
+def test_read_only_file_system_is_a_storage_error(tmp_path):
+    directory = tmp_path / 'capsules'
+    with tmpfs(directory, size='1m'):
+        store = CapsuleStore('cpu', 1 << 20, 1 << 20, str(directory))
+        store.put(capsule('a'))
+        store.save('a')
+        remount_read_only(directory)
+        with pytest.raises(StorageError, match='read-only') as e:
+            store.save('a', 'b.capsule')
+        assert e.value.errno == errno.EROFS and 'remount it read-write' in str(e.value)
+        assert store.load('a.capsule', name='a2').name == 'a2'    # reading still works
+
+
+def test_directory_and_long_names_are_storage_errors(store):
+    store.put(capsule('a'))
+    os.mkdir(os.path.join(store.directory, 'x.capsule'))
+    with pytest.raises(StorageError, match='is a directory'):
+        store.load('x.capsule')
+    with pytest.raises(StorageError, match='is a directory'):
+        store.save('a', 'x.capsule')
+    long = 'x' * 300 + '.capsule'
+    with pytest.raises(StorageError, match='too long') as e:
+        store.save('a', long)
+    assert e.value.errno == errno.ENAMETOOLONG
+    with pytest.raises(StorageError, match='too long'):
+        store.load(long)
+    open(os.path.join(store.directory, 'empty.capsule'), 'wb').close()
+    with pytest.raises(CorruptCapsule, match='empty'):
+        store.load('empty.capsule')
+    assert [m.name for m in store.list()] == ['a']
+    assert not [f for f in os.listdir(store.directory) if f.startswith('.tmp')]
+
+
+READ = '''
+from flashrt_ros.runtime.capsule import CapsuleStore
+from flashrt_ros.runtime.errors import FlashRTError
+store = CapsuleStore('cpu', 1 << 20, 1 << 20, sys.argv[1])
+try:
+    print(type(store.load(sys.argv[2], name='b')).__name__)
+except FlashRTError as e:
+    print(type(e).__name__, e)
+'''
+
+WRITE = '''
+import torch, time
+from flashrt_ros.runtime.capsule import Capsule, CapsuleStore, Manifest
+from flashrt_ros.runtime.errors import FlashRTError
+store = CapsuleStore('cpu', 1 << 20, 1 << 20, sys.argv[1])
+store.put(Capsule(Manifest('a', '', 'device', False, 0, 0, 0, 4, 's', 'm', time.time()),
+                  torch.zeros(4, dtype=torch.uint8)))
+try:
+    store.save('a')
+    print('saved')
+except FlashRTError as e:
+    print(type(e).__name__, e)
+'''
+
+
+def test_permission_denied_is_a_storage_error_not_missing(store):
+    store.put(capsule('a'))
+    path, _ = store.save('a')
+    os.chmod(path, 0)
+    out = without_dac(READ, store.directory, 'a.capsule')
+    assert out.startswith('StorageError') and 'permission denied' in out, out
+    assert 'missing' not in out and path in out and 'chmod' in out
+    locked = os.path.join(store.directory, 'locked')
+    os.mkdir(locked, 0o555)
+    out = without_dac(WRITE, locked)
+    assert out.startswith('StorageError') and 'permission denied' in out, out
+
+
+# -- the writer and signed files -----------------------------------------------------------------
+
+def test_written_file_is_plain_safetensors(tmp_path):
+    m = capsule('a', nbytes=13).manifest
+    data = torch.arange(13, dtype=torch.uint8)
+    path = str(tmp_path / 'a.capsule')
+    digest = write_file(path, m, data, KEY)
+    assert torch.equal(load_file(path)['state'], data)       # safetensors' own reader
+    raw = open(path, 'rb').read()
+    (n,) = struct.unpack('<Q', raw[:8])
+    meta = json.loads(raw[8:8 + n])['__metadata__']
+    assert n % 8 == 0 and meta['checksum'] == digest and len(meta['hmac_sha256']) == 64
+    manifest, back = read_file(path, KEY)
+    assert manifest.checksum == digest and torch.equal(back, data)
+
+
+def test_signed_files(tmp_path):
+    signed = CapsuleStore('cpu', 1 << 20, 1 << 20, str(tmp_path), signing_key=KEY)
+    plain = CapsuleStore('cpu', 1 << 20, 1 << 20, str(tmp_path))
+    other = CapsuleStore('cpu', 1 << 20, 1 << 20, str(tmp_path), signing_key=KEY[::-1])
+    assert signed.signs_files and not plain.signs_files
+    signed.put(capsule('a'))
+    signed.save('a')
+    plain.put(capsule('u'))
+    plain.save('u')
+    assert signed.load('a.capsule', name='a2').name == 'a2'
+    assert plain.load('a.capsule').name == 'a'             # no key: the checksum still checks
+    with pytest.raises(UntrustedCapsule, match='not signed'):
+        signed.load('u.capsule')
+    with pytest.raises(UntrustedCapsule, match='another key'):
+        other.load('a.capsule')
+    # Someone who can write the directory but lacks the key rewrites a file with a state of
+    # their choosing and a valid checksum: refused.
+    forged = capsule('a', fill=99)
+    write_file(os.path.join(str(tmp_path), 'a.capsule'), forged.manifest, forged.data)
+    with pytest.raises(UntrustedCapsule, match='not signed'):
+        signed.load('a.capsule', name='a3')
+    write_file(str(tmp_path / 'b.capsule'), forged.manifest, forged.data, key=b'guess' * 4)
+    with pytest.raises(UntrustedCapsule, match='another key'):
+        signed.load('b.capsule', name='a3')
+    assert sorted(m.name for m in signed.list()) == ['a', 'a2']     # refusals changed nothing
+    # spill files are signed and checked too
+    small = CapsuleStore('cpu', 100, 100, str(tmp_path / 'small'), signing_key=KEY)
+    for n in 'abc':
+        small.put(capsule(n))
+    assert small.placement()['a'] == 'disk'
+    assert torch.equal(small.data_on('a', 'cpu'), capsule('a').data)
+
+
+def test_signing_key_file(tmp_path):
+    key = tmp_path / 'key'
+    key.write_bytes(KEY)
+    assert load_signing_key(str(key)) == KEY
+    key.write_bytes(b'short')
+    with pytest.raises(InvalidConfig, match='at least 16'):
+        load_signing_key(str(key))
+    with pytest.raises(StorageError, match='no such file'):
+        load_signing_key(str(tmp_path / 'absent'))
+    with pytest.raises(InvalidConfig):
+        CapsuleStore('cpu', 1, 1, str(tmp_path), signing_key=b'short')

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.ros
 from test_policy_node import (Harness, obs_range, RECURRENT, reference_actions,  # noqa: E402
                               wait_for)
 
+from test_capsule import fill, tmpfs  # noqa: E402
+
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.capsule import read_file  # noqa: E402
 
@@ -96,6 +98,71 @@ def test_recover_skips_a_poisoned_checkpoint(harness):
     r = h.call('recover')
     assert r.success and 'checkpoint-00000001' in r.message, r.message
     assert h.steps(observations[5:10]) == ref[5:10]
+
+
+def test_user_capsules_cannot_take_checkpoint_names(harness):
+    h = harness(CHECKPOINTS)
+    observations = obs_range(0, 12)
+    h.steps(observations[:11])                          # checkpoints 1 and 2
+    assert h.call('snapshot', name='mine').success
+    assert h.call('save_capsule', name='mine').success
+    for service, fields in (('snapshot', dict(name='checkpoint-00000099')),
+                            ('snapshot', dict(name='checkpoint-00000002', overwrite=True)),
+                            ('fork', dict(source='mine', target='checkpoint-x')),
+                            ('load_capsule', dict(path='mine.capsule',
+                                                  name='checkpoint-00000003')),
+                            ('save_capsule', dict(name='mine',
+                                                  path='checkpoint-00000009.capsule'))):
+        r = h.call(service, **fields)
+        assert not r.success and 'reserved' in r.message, (service, r.message)
+    assert sorted(n for n in h.names() if n.startswith('checkpoint-')) == [
+        'checkpoint-00000001', 'checkpoint-00000002']
+    r = h.call('recover')
+    assert r.success and 'checkpoint-00000002' in r.message, r.message
+
+
+def test_stray_files_do_not_break_configure(harness, tmp_path, capfd):
+    capsules = tmp_path / 'capsules'
+    capsules.mkdir()
+    (capsules / 'checkpoint-abc.capsule').write_bytes(b'x')
+    (capsules / 'checkpoint-00000007.capsule').mkdir()
+    (capsules / 'x.capsule').mkdir()
+    (capsules / 'checkpoint-00000008.capsule').write_bytes(b'')
+    h = harness(dict(CHECKPOINTS, restore_on_start='latest', checkpoint_to_disk=True))
+    observations = obs_range(0, 6)
+    assert h.steps(observations) == h.reference(observations)
+    err = capfd.readouterr().err
+    assert 'skipping checkpoint-abc.capsule: not a checkpoint file name' in err, err
+    assert 'skipping checkpoint-00000007.capsule: is a directory' in err, err
+    # the sequence continues after the highest number in the directory
+    assert (capsules / 'checkpoint-00000009.capsule').is_file()
+
+
+def test_full_disk_restart_logs_the_cause_and_keeps_controlling(harness, tmp_path, capfd):
+    capsules = tmp_path / 'capsules'
+    params = dict(CHECKPOINTS, checkpoint_to_disk=True)
+    observations = obs_range(0, 40)
+    with tmpfs(capsules, size='256k'):
+        first = harness(params)
+        ref = first.reference(observations)
+        assert first.steps(observations[:11]) == ref[:11]     # files 1 and 2, episode_start
+        first.close()
+        fill(capsules)
+        capfd.readouterr()
+        # restart on the full disk: configure and activate succeed, the cause is logged
+        h = harness(dict(params, restore_on_start='latest'))
+        assert h.node.engine.step_index == 10
+        assert h.steps(observations[10:40]) == ref[10:40]      # six failing checkpoints
+        recovery = h.node.recovery      # the checkpoint runs after the action is published
+        wait_for(lambda: recovery.failed_checkpoints == 6, what='six failed checkpoints')
+        assert 'no space left' in recovery.last_failure
+        assert sorted(n for n in h.names() if n.startswith('checkpoint-')) == [
+            'checkpoint-00000007', 'checkpoint-00000008']      # memory bounded by keep
+        assert sorted(p.name for p in capsules.glob('checkpoint-*')) == [
+            'checkpoint-00000001.capsule', 'checkpoint-00000002.capsule']
+        err = capfd.readouterr().err
+        assert 'resumed from checkpoint-00000002.capsule' in err, err
+        assert 'no space left on its file system' in err and str(capsules) in err, err
 
 
 def _node_process(params, domain):

@@ -5,28 +5,42 @@ work is moving a capsule's bytes between tiers and files. Tiers: device -> pinne
 
 Disk format (`<name>.capsule` by default): a safetensors file with one tensor 'state'
 (uint8 [nbytes]) and metadata
-{'format', 'manifest' (JSON), 'checksum' (sha256 over the manifest fields and the bytes)}.
+{'format', 'manifest' (JSON), 'checksum' (sha256 over the manifest fields and the bytes)}, plus
+'hmac_sha256' (HMAC-SHA256 of the checksum under the store's signing key) when the store has a
+key. With a key, load refuses unsigned or wrongly signed files; without one, the signature is
+ignored and the checksum still guards integrity.
+
+OS errors (permission, disk full, read-only, not a file, name too long) become StorageError
+with the path and a remedy. Names starting with CHECKPOINT_PREFIX belong to the recovery
+checkpoints (runtime/recovery.py): creating one needs `allow_reserved()`.
 """
 
+import contextlib
 from dataclasses import asdict, dataclass, replace
+import errno
 import functools
 import hashlib
+import hmac
 import json
 import os
 import re
+import stat
+import struct
 import tempfile
 import threading
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from .errors import (BudgetExceeded, CapsuleExists, CorruptCapsule, IncompatibleCapsule,
-                     InvalidName, PathOutsideDirectory, UnknownCapsule)
+                     InvalidConfig, InvalidName, PathOutsideDirectory, ReservedName,
+                     StorageError, UnknownCapsule, UntrustedCapsule)
 
 FORMAT = 'flashrt-capsule/1'
 TIERS = ('device', 'host', 'disk')
 SUFFIX = '.capsule'     # save's default file: <capsule_dir>/<name>.capsule
+CHECKPOINT_PREFIX = 'checkpoint-'   # reserved for the recovery checkpoints (and their files)
+MIN_KEY_BYTES = 16      # a signing key shorter than this is refused as a mistake
 _NAME = re.compile(r'[A-Za-z0-9_.-]{1,128}')
 # Fields the checksum covers: tier, pinned and checksum itself are store-local, not content.
 _CHECKED_FIELDS = ('name', 'parent', 'step', 'episode', 'position', 'nbytes',
@@ -63,8 +77,39 @@ def checksum(manifest, data):
     h = hashlib.sha256()
     fields = {k: getattr(manifest, k) for k in _CHECKED_FIELDS}
     h.update(json.dumps(fields, sort_keys=True).encode())
-    h.update(data.contiguous().numpy().tobytes() if data.numel() else b'')
+    h.update(data.contiguous().numpy())     # the buffer itself: no copy of a large capsule
     return h.hexdigest()
+
+
+def signature(key, digest):
+    """HMAC-SHA256 under `key` of a capsule's checksum (which already covers the manifest's
+    content fields and every byte), with the format as a domain separator."""
+    return hmac.new(key, f'{FORMAT}\n{digest}'.encode(), hashlib.sha256).hexdigest()
+
+
+def load_signing_key(path):
+    """The signing key: the bytes of file `path`, exactly (e.g. `head -c 32 /dev/urandom`).
+
+    StorageError when it cannot be read, InvalidConfig when shorter than MIN_KEY_BYTES.
+    """
+    path = os.path.expanduser(path)
+    try:
+        with open(path, 'rb') as f:
+            key = f.read()
+    except OSError as e:
+        raise StorageError.from_os_error(e, path, 'read signing key file') from e
+    if len(key) < MIN_KEY_BYTES:
+        raise InvalidConfig(
+            f'signing key file {path!r} holds {len(key)} bytes; use at least {MIN_KEY_BYTES} '
+            'random bytes, e.g. head -c 32 /dev/urandom > key && chmod 600 key')
+    return key
+
+
+def _name_max(folder):
+    try:
+        return os.pathconf(folder, 'PC_NAME_MAX')
+    except (OSError, ValueError):
+        return 255
 
 
 def check_compatible(manifest, schema_digest=None, model_digest=None):
@@ -80,38 +125,94 @@ def check_compatible(manifest, schema_digest=None, model_digest=None):
             f'{manifest.model_digest[:12]} but the loaded policy is {model_digest[:12]}')
 
 
-def write_file(path, manifest, data):
+def _header(meta, nbytes):
+    """The safetensors header of one uint8 tensor 'state': 8-byte little-endian length, JSON,
+    space padding to a multiple of 8 (as safetensors writes it)."""
+    body = json.dumps({'__metadata__': meta,
+                       'state': {'dtype': 'U8', 'shape': [nbytes], 'data_offsets': [0, nbytes]}},
+                      sort_keys=True, separators=(',', ':')).encode()
+    body += b' ' * (-len(body) % 8)
+    return struct.pack('<Q', len(body)) + body
+
+
+def write_file(path, manifest, data, key=None):
     """Write a capsule file atomically: temp file in the same directory, fsync, os.replace.
 
-    Returns the checksum written. A crash leaves either the old file or the new one.
+    Returns the checksum written. A crash leaves either the old file or the new one. Signed
+    with HMAC-SHA256 when `key` (bytes) is given. OS errors raise StorageError (temp file
+    removed). The file is written here rather than by safetensors.save_file, whose errors carry
+    no errno (a full disk surfaced as a SafetensorError string), and from the tensor's own
+    buffer, with no serialised copy of it.
     """
     host = data.detach().to('cpu').contiguous()
     digest = checksum(manifest, host)
     meta = {'format': FORMAT, 'checksum': digest,
             'manifest': json.dumps(asdict(replace(manifest, checksum=digest)), sort_keys=True)}
+    if key is not None:
+        meta['hmac_sha256'] = signature(key, digest)
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix='.safetensors', dir=folder)
-    os.close(fd)
+    doing = 'write capsule file'
     try:
-        save_file({'state': host}, tmp, metadata=meta)
-        with open(tmp, 'rb') as f:
+        os.makedirs(folder, exist_ok=True)
+        # Refuse before writing the bytes, not at the rename after writing them all.
+        if len(os.fsencode(os.path.basename(path))) > _name_max(folder):
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), path)
+        if os.path.isdir(path):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix='.safetensors', dir=folder)
+    except OSError as e:
+        raise StorageError.from_os_error(e, path, doing) from e
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            f.write(_header(meta, host.numel()))
+            f.write(host.numpy().data)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise StorageError.from_os_error(e, path, doing) from e
         raise
-    dfd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dfd)   # make the rename itself durable
-    finally:
-        os.close(dfd)
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)   # make the rename itself durable
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise StorageError.from_os_error(e, folder, 'sync capsule directory') from e
     return digest
 
 
-def read_file(path):
-    """Read and verify a capsule file; returns (Manifest, CPU uint8 tensor). CorruptCapsule."""
+def _check_readable(path):
+    """Refuse, with the reason, what safetensors would misreport: it calls a file it may not
+    read 'missing', and a directory or an empty file 'unreadable'."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(f'cannot read capsule file {path!r}: it is not a regular file; '
+                               'name a capsule file instead', path)
+        with open(path, 'rb'):
+            pass
+    except FileNotFoundError as e:
+        raise CorruptCapsule(f'capsule file {path!r} is missing') from e
+    except OSError as e:
+        raise StorageError.from_os_error(e, path, 'read capsule file') from e
+    if st.st_size == 0:
+        raise CorruptCapsule(f'capsule file {path!r} is empty (0 bytes): an interrupted copy?')
+
+
+def read_file(path, key=None):
+    """Read and verify a capsule file; returns (Manifest, CPU uint8 tensor).
+
+    CorruptCapsule (missing, truncated, checksum), StorageError (permission, not a file),
+    UntrustedCapsule (a `key` is given and the file is unsigned or signed with another key).
+    """
+    _check_readable(path)
     try:
         with safe_open(path, framework='pt') as f:
             meta = f.metadata() or {}
@@ -135,6 +236,17 @@ def read_file(path):
         raise CorruptCapsule(
             f'capsule file {path!r} failed its checksum: stored {meta.get("checksum", "")[:12]}, '
             f'computed {actual[:12]} (the file was modified or damaged)')
+    if key is not None:
+        signed = meta.get('hmac_sha256', '')
+        if not signed:
+            raise UntrustedCapsule(
+                f'capsule file {path!r} is not signed, and this store requires signed files '
+                '(a signing key is configured); if you trust it, load it into a store without '
+                'a key and save it again with the key')
+        if not hmac.compare_digest(signed.encode(), signature(key, actual).encode()):
+            raise UntrustedCapsule(
+                f'capsule file {path!r} is signed with another key than the configured one '
+                '(or the signature was forged); not loaded')
     return manifest, data
 
 
@@ -151,13 +263,31 @@ class CapsuleStore:
 
     Invariants: a capsule is never dropped silently; pinned capsules stay in device or host
     memory; a refused put/load leaves every capsule where it was.
+
+    Tiers are budgets: 'device' (device_budget: memory of the engine's device), 'host'
+    (host_budget), 'disk'. Manifests from list() and load() report where the bytes are, so a
+    CPU store's device tier reports 'host' (it still counts against device_budget);
+    placement() gives the budget tier of each capsule.
     """
 
-    def __init__(self, device, device_budget, host_budget, directory):
+    def __init__(self, device, device_budget, host_budget, directory, signing_key=None):
         self.device = torch.device(device)
         self.device_budget = int(device_budget)
         self.host_budget = int(host_budget)
         self.directory = os.path.realpath(directory)
+        if signing_key is not None:
+            signing_key = bytes(signing_key)
+            if len(signing_key) < MIN_KEY_BYTES:
+                raise InvalidConfig(f'signing key of {len(signing_key)} bytes; use at least '
+                                    f'{MIN_KEY_BYTES} random bytes')
+        self._key = signing_key
+        # Where each budget tier's bytes live. On a CPU engine 'device' memory is host memory,
+        # and reporting it as 'device' told people their capsules sat on a GPU.
+        self._reported = {'device': 'host' if self.device.type == 'cpu' else 'device',
+                          'host': 'host', 'disk': 'disk'}
+        # Per thread, so that a service call on another executor thread never borrows the
+        # recovery collaborator's permission to create checkpoint names.
+        self._reserved_ok = threading.local()
         self._capsules = {}    # name -> Capsule
         self._used = {}        # name -> LRU tick (higher = more recent)
         self._tick = 0
@@ -169,13 +299,42 @@ class CapsuleStore:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
+    @property
+    def signs_files(self):
+        """True when files are signed on save and signatures are required on load."""
+        return self._key is not None
+
     @staticmethod
-    def validate_name(name):
+    def check_name(name):
         """Names are [A-Za-z0-9_.-]{1,128} and not '.' or '..', so they are safe as file names."""
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name in ('.', '..'):
             raise InvalidName(
                 f'capsule name {name!r} is not allowed: use 1-128 characters from '
                 '[A-Za-z0-9_.-], not "." or ".."')
+
+    def validate_name(self, name):
+        """A name a new capsule may take: check_name, and not in the checkpoint namespace
+        unless inside allow_reserved() on this thread (ReservedName)."""
+        self.check_name(name)
+        if name.startswith(CHECKPOINT_PREFIX) and not self._reserved_allowed():
+            raise ReservedName(
+                f'capsule name {name!r} is reserved: names starting with {CHECKPOINT_PREFIX!r} '
+                'belong to the periodic recovery checkpoints (a capsule there would be pruned '
+                'as one, or chosen by recover); choose another name')
+
+    def _reserved_allowed(self):
+        return getattr(self._reserved_ok, 'depth', 0) > 0
+
+    @contextlib.contextmanager
+    def allow_reserved(self):
+        """Within this block, on this thread only, names and capsule files in the checkpoint
+        namespace may be created: for the recovery collaborator (checkpoints, resume)."""
+        depth = getattr(self._reserved_ok, 'depth', 0)
+        self._reserved_ok.depth = depth + 1
+        try:
+            yield self
+        finally:
+            self._reserved_ok.depth = depth
 
     def _touch(self, name):
         self._tick += 1
@@ -201,10 +360,22 @@ class CapsuleStore:
     def __contains__(self, name):
         return name in self._capsules
 
+    def reported_tier(self, tier):
+        """Where a budget tier's bytes are: 'host' for the device tier of a CPU store."""
+        return self._reported[tier]
+
+    @_locked
+    def placement(self):
+        """{name: budget tier ('device' | 'host' | 'disk')}; does not touch the LRU order."""
+        return {n: c.manifest.tier for n, c in self._capsules.items()}
+
     @_locked
     def get(self, name):
-        """The capsule (touches LRU order). UnknownCapsule if absent."""
-        self.validate_name(name)
+        """The capsule (touches LRU order). UnknownCapsule if absent.
+
+        Its manifest's tier is the budget tier (what placement() says), not the reported one.
+        """
+        self.check_name(name)
         if name not in self._capsules:
             known = ', '.join(sorted(self._capsules)) or 'none'
             raise UnknownCapsule(f'no capsule named {name!r} (known: {known})')
@@ -213,17 +384,26 @@ class CapsuleStore:
 
     @_locked
     def list(self):
-        """Copies of every manifest, sorted by name."""
-        return [replace(self._capsules[n].manifest) for n in sorted(self._capsules)]
+        """Copies of every manifest, sorted by name, tiers as reported_tier() says."""
+        return [replace(m, tier=self._reported[m.tier])
+                for m in (self._capsules[n].manifest for n in sorted(self._capsules))]
 
     @_locked
     def delete(self, name):
-        """Remove a capsule and its spill file (files written by save() are kept)."""
+        """Remove a capsule and its spill file (files written by save() are kept).
+
+        The spill file goes first: if it cannot be removed (StorageError), the capsule stays.
+        """
         capsule = self.get(name)
+        if capsule.manifest.tier == 'disk' and capsule.path:
+            try:
+                os.unlink(capsule.path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise StorageError.from_os_error(e, capsule.path, 'remove spill file') from e
         del self._capsules[name]
         del self._used[name]
-        if capsule.manifest.tier == 'disk' and capsule.path and os.path.exists(capsule.path):
-            os.unlink(capsule.path)
 
     # -- placement -----------------------------------------------------------------------------
 
@@ -261,14 +441,17 @@ class CapsuleStore:
         capsule = self._capsules[name]
         m = capsule.manifest
         if m.tier == 'device':
-            # Straight into pinned memory when CUDA exists: one copy, and later host->device
-            # restores can run asynchronously.
-            host = torch.empty(m.nbytes, dtype=torch.uint8, pin_memory=self._pin)
-            host.copy_(capsule.data)
+            if capsule.data.device.type == 'cpu':
+                host = capsule.data     # already host memory (CPU engine), and immutable
+            else:
+                # Straight into pinned memory when CUDA exists: one copy, and later
+                # host->device restores can run asynchronously.
+                host = torch.empty(m.nbytes, dtype=torch.uint8, pin_memory=self._pin)
+                host.copy_(capsule.data)
             self._capsules[name] = Capsule(replace(m, tier='host'), host)
         else:
             path = os.path.join(self.directory, '.spill', f'{name}.safetensors')
-            digest = write_file(path, m, capsule.data)
+            digest = write_file(path, m, capsule.data, self._key)
             self._capsules[name] = Capsule(replace(m, tier='disk', checksum=digest), None, path)
 
     @_locked
@@ -289,7 +472,10 @@ class CapsuleStore:
             self._demote(name)
         old = self._capsules.get(m.name)
         if old is not None and old.manifest.tier == 'disk' and old.path != capsule.path:
-            os.unlink(old.path)
+            # A stale spill file costs disk only; failing the put over it would refuse a
+            # capsule that is already placed.
+            with contextlib.suppress(OSError):
+                os.unlink(old.path)
         self._capsules[m.name] = capsule
         self._touch(m.name)
 
@@ -299,7 +485,7 @@ class CapsuleStore:
         capsule = self.get(name)
         if capsule.data is not None:
             return capsule.data.to(device, non_blocking=False)
-        manifest, data = read_file(capsule.path)
+        manifest, data = read_file(capsule.path, self._key)
         if (manifest.checksum != capsule.manifest.checksum
                 or manifest.nbytes != capsule.manifest.nbytes):
             raise CorruptCapsule(
@@ -320,27 +506,48 @@ class CapsuleStore:
 
     @_locked
     def save(self, name, path=''):
-        """Write capsule `name` atomically; returns (absolute path, bytes of the file)."""
+        """Write capsule `name` atomically; returns (absolute path, bytes of the file).
+
+        Signed when the store has a key. StorageError on OS errors; ReservedName for a file
+        named like a checkpoint's that is not this capsule's own (resume would take it for
+        one) outside allow_reserved().
+        """
         capsule = self.get(name)
         full = self.resolve(path, name + SUFFIX)
+        base = os.path.basename(full)
+        if (os.path.dirname(full) == self.directory and base.startswith(CHECKPOINT_PREFIX)
+                and base != name + SUFFIX and not self._reserved_allowed()):
+            raise ReservedName(
+                f'file name {base!r} is reserved: {CHECKPOINT_PREFIX}* files in the capsule '
+                'directory are recovery checkpoints (restore_on_start would resume from it); '
+                'choose another file name')
         data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
-        digest = write_file(full, capsule.manifest, data)
+        digest = write_file(full, capsule.manifest, data, self._key)
         capsule.manifest.checksum = digest
-        return full, os.path.getsize(full)
+        try:
+            return full, os.path.getsize(full)
+        except OSError as e:
+            raise StorageError.from_os_error(e, full, 'stat capsule file') from e
 
     @_locked
     def load(self, path, name='', overwrite=False, schema_digest=None, model_digest=None):
         """Read, verify and put a capsule file into the device tier; returns its Manifest.
 
-        Checks, in order: path inside the directory, readable file, checksum, schema digest,
-        model digest, name, budget. Any refusal leaves the store unchanged.
+        Checks, in order: path inside the directory, readable file, checksum, signature (with
+        a key), schema digest, model digest, name (a checkpoint name needs allow_reserved()),
+        budget. Any refusal leaves the store unchanged. The returned manifest reports its
+        tier as list() does.
         """
         if not path:
             raise UnknownCapsule('load needs a capsule file path')
         full = self.resolve(path, '')
-        if not os.path.isfile(full):
-            raise UnknownCapsule(f'no capsule file at {full!r}')
-        manifest, data = read_file(full)
+        try:
+            os.stat(full)
+        except FileNotFoundError:
+            raise UnknownCapsule(f'no capsule file at {full!r}') from None
+        except OSError as e:    # permission on a directory on the way, name too long, ...
+            raise StorageError.from_os_error(e, full, 'read capsule file') from e
+        manifest, data = read_file(full, self._key)
         check_compatible(manifest, schema_digest, model_digest)
         name = name or manifest.name
         self.validate_name(name)
@@ -351,4 +558,4 @@ class CapsuleStore:
         digest = manifest.checksum if name == manifest.name else ''
         m = replace(manifest, name=name, tier='device', pinned=False, checksum=digest)
         self.put(Capsule(m, data), overwrite=overwrite)
-        return replace(m)
+        return replace(m, tier=self._reported[m.tier])

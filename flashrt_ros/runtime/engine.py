@@ -106,7 +106,7 @@ class PolicyEngine:
 
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
-                 debug=False, last_action=None):
+                 debug=False, last_action=None, signing_key=None):
         """last_action: (start, size, scale, offset, clip) of an observation slot that the
         step fills from the previous action (ObservationLayout.device_feedback()), or None.
         That action is then state ('last_action' in the arena), restored with a capsule."""
@@ -124,7 +124,10 @@ class PolicyEngine:
         self.arena = StateArena(specs, self.device)
         self.meta = self.arena['meta']
         self.policy.bind(self.arena.views)
-        self.store = CapsuleStore(self.device, device_budget, host_budget, capsule_dir)
+        # signing_key: bytes (capsule.load_signing_key) to sign capsule files and require
+        # signatures on load; None: unsigned files, checksums only
+        self.store = CapsuleStore(self.device, device_budget, host_budget, capsule_dir,
+                                  signing_key=signing_key)
         self.ring = RollbackRing(self.arena, rollback_depth)
         self.model_digest = policy.model_digest()
         self.obs_dim, self.act_dim = int(policy.obs_dim), int(policy.act_dim)
