@@ -82,6 +82,9 @@ class NodeConfig:
                            choices=('recover', 'hold'), live=True)
     restore_on_start: str = param('', "'' | latest | a capsule file in capsule_dir, restored "
                                   'at configure so a restarted process resumes')
+    signing_key_file: str = param('', 'file holding an HMAC key (>= 16 bytes): capsule files '
+                                  'are signed on save and must carry a valid signature to '
+                                  "load ('' = checksums only; see docs/runtime.md)")
 
     def __post_init__(self):
         check_fields(self)

@@ -37,6 +37,7 @@ from flashrt_ros import msg as fmsg
 from flashrt_ros import srv as fsrv
 from flashrt_ros import params
 from flashrt_ros.recovery import RecoveryMixin
+from flashrt_ros.runtime.capsule import load_signing_key
 from flashrt_ros.runtime.engine import EPISODE_START, PolicyEngine
 from flashrt_ros.runtime.errors import FlashRTError, InvalidConfig, InvalidObservation
 from flashrt_ros.runtime.observation import JointTargets, ObservationLayout
@@ -81,7 +82,9 @@ def build_engine(cfg, policy_cfg, layout=None):
                         device_budget=cfg['device_budget_mb'] << 20,
                         host_budget=cfg['host_budget_mb'] << 20,
                         capsule_dir=cfg['capsule_dir'],
-                        last_action=layout.device_feedback() if layout else None)
+                        last_action=layout.device_feedback() if layout else None,
+                        signing_key=load_signing_key(cfg['signing_key_file'])
+                        if cfg.get('signing_key_file') else None)
 
 
 class PolicyNode(RecoveryMixin, LifecycleNode):
@@ -549,6 +552,12 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                       'capsules', 'device_bytes_used', 'device_bytes_budget', 'host_bytes_used',
                       'rejected_observations'):
             diag.values.append(KeyValue(key=field, value=str(getattr(status, field))))
+        if self.engine is not None:
+            diag.values.append(KeyValue(key='failed_checkpoints',
+                                        value=str(self.recovery.failed_checkpoints)))
+            if self.recovery.failed_checkpoints:
+                level = max(level, DiagnosticStatus.WARN)
+                message += f'; checkpoint writes failing: {self.recovery.last_failure}'
         for reason, count in sorted(self._refusals.items()):
             diag.values.append(KeyValue(key=f'refused: {reason}', value=str(count)))
         array_msg = DiagnosticArray()
