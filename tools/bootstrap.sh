@@ -69,6 +69,9 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
       colcon-cmake==0.2.30 colcon-library-path==0.2.1 colcon-bash==0.5.0 'setuptools<80')
   fi
   quiet_pip install "${reqs[@]}"
+  # ONNX loading (onnx2pytorch): --no-deps, since its torchvision requirement would replace
+  # the pinned torch; every dependency it needs is pinned in the file instead.
+  quiet_pip install --no-deps -r requirements/onnx.txt
   # Test fixtures (requirements/test.txt), all --no-deps so pip never replaces the pinned torch:
   # each rsl-rl-lib pin in its own folder (two versions cannot share one site-packages), the
   # rest in deps/. Only the fixture builder (test/policy_exports.py) puts them on sys.path.
