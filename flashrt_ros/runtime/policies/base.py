@@ -129,6 +129,14 @@ class Policy(nn.Module):
     def _rng_spec(self):
         return BufferSpec('rng', (2,), torch.int64, 'rng')      # seed, counter
 
+    def _act(self, mean, action):
+        '''action <- mean [act_dim], plus noise_std * N(0, 1) from the rng counter (advanced)
+        when sampling: the one place a single-action policy writes its output.'''
+        if self.noise_std > 0:
+            mean = mean + self._noise(self.act_dim)
+            self.views['rng'][1:2].add_(1)
+        action.copy_(mean)
+
     def _noise(self, n, offset=None):
         # counter (+ offset, a device tensor) -> noise_std * N(0, 1) [n]; caller advances
         seed, counter = self.views['rng'][0:1], self.views['rng'][1:2]

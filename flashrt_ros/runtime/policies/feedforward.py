@@ -42,8 +42,4 @@ class FeedForwardPolicy(Policy):
         x = obs.view(1, self.obs_dim).to(self.actor[0].weight.dtype)        # [1, obs]
         if self.normalize:
             x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
-        mean = self.actor(x).view(self.act_dim)                              # [A]
-        if self.noise_std > 0:
-            mean = mean + self._noise(self.act_dim)
-            self.views['rng'][1:2].add_(1)
-        action.copy_(mean)
+        self._act(self.actor(x).view(self.act_dim), action)

@@ -346,11 +346,7 @@ class OnnxPolicy(Policy):
         # every output is computed before any state view is written
         for view, i in zip(states, self.state_index):
             view.copy_(out[i])
-        mean = out[self.action_index].reshape(self.act_dim).float()
-        if self.noise_std > 0:
-            mean = mean + self._noise(self.act_dim)
-            self.views['rng'][1:2].add_(1)
-        action.copy_(mean)
+        self._act(out[self.action_index].reshape(self.act_dim).float(), action)
 
     def model_digest(self):
         # the graph bytes (its weights included) and the config; never the arena state

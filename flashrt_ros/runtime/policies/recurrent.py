@@ -71,8 +71,4 @@ class RecurrentPolicy(Policy):
         else:
             out, h = self.rnn(x, hidden.unsqueeze(1))
         hidden.copy_(h.view_as(hidden))
-        mean = self.actor(out.squeeze(0)).view(self.act_dim)                 # [A]
-        if self.noise_std > 0:
-            mean = mean + self._noise(self.act_dim)
-            self.views['rng'][1:2].add_(1)
-        action.copy_(mean)
+        self._act(self.actor(out.squeeze(0)).view(self.act_dim), action)

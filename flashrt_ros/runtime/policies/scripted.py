@@ -151,11 +151,7 @@ class ScriptedPolicy(Policy):
                 # arena and point the attribute back (under capture this runs once)
                 view.copy_(current)
                 _set(self.module, name, view)
-        mean = out.view(self.act_dim).float()
-        if self.noise_std > 0:
-            mean = mean + self._noise(self.act_dim)
-            self.views['rng'][1:2].add_(1)
-        action.copy_(mean)
+        self._act(out.view(self.act_dim).float(), action)
 
     def model_digest(self):
         # weights and code, never the adopted state buffers (they alias the arena)
