@@ -33,10 +33,10 @@ velocity at the end of the period (a return times the period: about the distance
 """
 import numpy as np
 
-from flashrt_ros.sim import mujoco, require_mujoco, World
+from flashrt_ros.sim import mujoco, MujocoSnapshots, require_mujoco
 
 
-class RobotWorld(World):
+class RobotWorld(MujocoSnapshots):
     """A floating-base robot under joint PD control; see the module docstring."""
 
     def __init__(self, mjcf_path, kps, kds, default_angles, sim_dt=None, decimation=1,
@@ -98,9 +98,7 @@ class RobotWorld(World):
         self.kds = self._vector(kds, n, 'kds')
         self.default_angles = self._vector(default_angles, n, 'default_angles')
         self.obs_dim, self.act_dim = m.nq + m.nv, n
-        self.spec = mujoco.mjtState.mjSTATE_INTEGRATION
-        self.state_size = mujoco.mj_stateSize(m, self.spec)
-        self.snapshots = {}
+        self._init_snapshots()
         self.reset()
 
     def _vector(self, values, n, what):
@@ -202,41 +200,12 @@ class RobotWorld(World):
 
     # -- snapshots -------------------------------------------------------------------------
 
-    def physics_state(self):
-        """The full integration state (float64 [mj_stateSize]) as one copy."""
-        out = np.empty(self.state_size, dtype=np.float64)
-        mujoco.mj_getState(self.model, self.data, out, self.spec)
-        return out
+    def _extra_state(self):
+        return self.targets.copy(), self.readings     # the held targets, the cached readings
 
-    def state_bytes(self):
-        return self.physics_state().tobytes()
-
-    def snapshot(self, name):
-        """Keeps the world under `name` (overwrites): physics, counters, targets, readings,
-        noise; returns the physics state's size in bytes."""
-        if not name:
-            raise ValueError('world snapshot needs a name')
-        state = self.physics_state()
-        self.snapshots[name] = (state, self.steps, self.targets.copy(), self.readings,
-                                self.noise_std, self.rng.bit_generator.state)
-        return state.nbytes
-
-    def restore(self, name):
-        if name not in self.snapshots:
-            raise KeyError(f'no world snapshot named {name!r} '
-                           f'(have: {sorted(self.snapshots) or "none"})')
-        state, self.steps, targets, self.readings, self.noise_std, rng = self.snapshots[name]
-        mujoco.mj_setState(self.model, self.data, state, self.spec)
-        # Derived quantities (xpos, ...) for other readers; the integration state and the
-        # next step do not depend on them.
-        mujoco.mj_forward(self.model, self.data)
+    def _set_extra_state(self, extra):
+        targets, self.readings = extra
         self.targets = targets.copy()
-        self.rng = np.random.default_rng()
-        self.rng.bit_generator.state = rng
-        return self.observation()
-
-    def delete(self, name):
-        self.snapshots.pop(name, None)
 
 
 # -- upstream's policy side --------------------------------------------------------------------

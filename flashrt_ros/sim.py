@@ -110,7 +110,61 @@ class World:
         pass
 
 
-class MujocoWorld(World):
+class MujocoSnapshots(World):
+    """Named world snapshots of a MuJoCo world (self.model, self.data): the complete physics
+    state (mj_getState with mjSTATE_INTEGRATION), the step counter, the observation-noise
+    generator, plus whatever `_extra_state()` returns for a subclass's own fields. After
+    `restore(name)` the same actions give the same states, bit for bit."""
+
+    def _init_snapshots(self):
+        self.spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        self.state_size = mujoco.mj_stateSize(self.model, self.spec)
+        self.snapshots = {}
+
+    def _extra_state(self):
+        return None
+
+    def _set_extra_state(self, extra):
+        pass
+
+    def physics_state(self):
+        """The full integration state (float64 [mj_stateSize]) as one copy."""
+        out = np.empty(self.state_size, dtype=np.float64)
+        mujoco.mj_getState(self.model, self.data, out, self.spec)
+        return out
+
+    def state_bytes(self):
+        return self.physics_state().tobytes()
+
+    def snapshot(self, name):
+        """Keeps the world state under `name` (overwrites); returns the physics state's size
+        in bytes."""
+        if not name:
+            raise ValueError('world snapshot needs a name')
+        state = self.physics_state()
+        self.snapshots[name] = (state, self.steps, self.noise_std,
+                                self.rng.bit_generator.state, self._extra_state())
+        return state.nbytes
+
+    def restore(self, name):
+        if name not in self.snapshots:
+            raise KeyError(f'no world snapshot named {name!r} '
+                           f'(have: {sorted(self.snapshots) or "none"})')
+        state, self.steps, self.noise_std, rng_state, extra = self.snapshots[name]
+        mujoco.mj_setState(self.model, self.data, state, self.spec)
+        # derived quantities (xpos, ...) for other readers; the integration state and the
+        # next step do not depend on them
+        mujoco.mj_forward(self.model, self.data)
+        self._set_extra_state(extra)
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = rng_state
+        return self.observation()
+
+    def delete(self, name):
+        self.snapshots.pop(name, None)
+
+
+class MujocoWorld(MujocoSnapshots):
     """The cart-pole on MuJoCo, in process. obs = [x, theta, x_dot, theta_dot] (qpos, qvel).
 
     action: one value, scaled by `action_scale` and clipped to the actuator's control range,
@@ -125,9 +179,7 @@ class MujocoWorld(World):
         self.action_scale = float(action_scale)
         self.obs_dim = self.model.nq + self.model.nv
         self.act_dim = self.model.nu
-        self.spec = mujoco.mjtState.mjSTATE_INTEGRATION
-        self.state_size = mujoco.mj_stateSize(self.model, self.spec)
-        self.snapshots = {}         # name -> (physics state, step, noise std, rng state)
+        self._init_snapshots()
         self.steps = 0
         self.noise_std = 0.0
         self.rng = np.random.default_rng(0)
@@ -135,41 +187,8 @@ class MujocoWorld(World):
 
     # -- state -----------------------------------------------------------------------------
 
-    def physics_state(self):
-        """The full integration state (float64 [mj_stateSize]) as one copy."""
-        out = np.empty(self.state_size, dtype=np.float64)
-        mujoco.mj_getState(self.model, self.data, out, self.spec)
-        return out
-
-    def state_bytes(self):
-        return self.physics_state().tobytes()
-
     def qpos_qvel_bytes(self):
         return self.data.qpos.tobytes() + self.data.qvel.tobytes()
-
-    def snapshot(self, name):
-        """Keeps the world state under `name` (overwrites); returns its size in bytes."""
-        if not name:
-            raise ValueError('world snapshot needs a name')
-        state = self.physics_state()
-        self.snapshots[name] = (state, self.steps, self.noise_std,
-                                self.rng.bit_generator.state)
-        return state.nbytes
-
-    def restore(self, name):
-        if name not in self.snapshots:
-            raise KeyError(f'no world snapshot named {name!r} '
-                           f'(have: {sorted(self.snapshots) or "none"})')
-        state, steps, noise_std, rng_state = self.snapshots[name]
-        mujoco.mj_setState(self.model, self.data, state, self.spec)
-        mujoco.mj_forward(self.model, self.data)    # derived quantities from the state
-        self.steps, self.noise_std = steps, noise_std
-        self.rng = np.random.default_rng()
-        self.rng.bit_generator.state = rng_state
-        return self.observation()
-
-    def delete(self, name):
-        self.snapshots.pop(name, None)
 
     # -- episode ---------------------------------------------------------------------------
 
