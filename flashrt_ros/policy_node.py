@@ -103,7 +103,6 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._poisoned = 0            # steps whose action or state held NaN/Inf
         self._holding = False         # on_poison 'hold': refuse observations until restored
         self._scrub = False           # a poisoned step may have left NaN rows past position
-        self._checkpoint_seq = 0
         self._resumed_from = ''
         self._rejected_reported = 0
         self._inputs = {}             # terms: reading -> (value, stamp, arrival time)
@@ -346,10 +345,11 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
 
     # -- control loop --------------------------------------------------------------------------
 
-    def _refuse(self, reason, level='warning'):
-        """Counts a refused step by reason (diagnostics report them) and logs it."""
-        self._rejected += 1
-        key = reason.split(':')[0][:60]
+    def _refuse(self, reason, level='warning', key=None, counted=False):
+        """Counts a refused step under `key` (default: the reason's text before a colon;
+        diagnostics report the counts) and logs it. counted: the engine has counted it."""
+        self._rejected += not counted
+        key = key or reason.split(':')[0][:60]
         self._refusals[key] = self._refusals.get(key, 0) + 1
         self._last_refusal = reason
         getattr(self.get_logger(), level)(f'step refused: {reason}', throttle_duration_sec=1.0)
@@ -465,12 +465,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         try:
             action = engine.step(obs)
         except FlashRTError as exc:
-            if isinstance(exc, InvalidObservation):
-                self._refusals['observation'] = self._refusals.get('observation', 0) + 1
-                self._last_refusal = str(exc)
-                self.get_logger().warning(f'step refused: {exc}', throttle_duration_sec=1.0)
-            else:
-                self._refuse(str(exc))   # the engine counts the InvalidObservation ones
+            # the engine counts its own InvalidObservation refusals
+            engine_counted = isinstance(exc, InvalidObservation)
+            self._refuse(str(exc), key='observation' if engine_counted else None,
+                         counted=engine_counted)
             return None
         if self.config['poison_check'] and self._poison(engine, action):
             return None
@@ -538,32 +536,39 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
     def publish_status(self):
         status = self.status_message()
         self._status_pub.publish(status)
+        array_msg = DiagnosticArray()
+        array_msg.header.stamp = status.header.stamp
+        array_msg.status = [self.diagnostic(status)]
+        self._diag_pub.publish(array_msg)
+
+    def diagnostic(self, status):
+        """The /diagnostics entry for `status`: WARN when steps were refused since the last
+        report, or while checkpoint writes fail; the figures and refusal counts as values."""
+        problems = []
         rejected = status.rejected_observations
-        level, message = DiagnosticStatus.OK, f'{status.state}, step {status.step}'
         if rejected > self._rejected_reported:
-            level = DiagnosticStatus.WARN
-            message = f'{rejected - self._rejected_reported} steps refused since last ' \
-                      f'report; last: {self._last_refusal}'
+            problems.append(f'{rejected - self._rejected_reported} steps refused since last '
+                            f'report; last: {self._last_refusal}')
         self._rejected_reported = rejected
-        diag = DiagnosticStatus(level=level, name=f'flashrt_ros: {self.get_name()}',
-                                message=message, hardware_id=status.device)
+        recovery = self.recovery
+        if recovery is not None and recovery.failed_checkpoints:
+            problems.append(f'{recovery.failed_checkpoints} checkpoint writes failed; last: '
+                            f'{recovery.last_failure}')
+        diag = DiagnosticStatus(
+            level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
+            name=f'flashrt_ros: {self.get_name()}', hardware_id=status.device,
+            message='; '.join(problems) or f'{status.state}, step {status.step}')
         for field in ('policy', 'cuda_graph', 'step', 'episode', 'position',
                       'rollback_available', 'step_latency_p50_us', 'step_latency_p99_us',
                       'capsules', 'device_bytes_used', 'device_bytes_budget', 'host_bytes_used',
                       'rejected_observations'):
             diag.values.append(KeyValue(key=field, value=str(getattr(status, field))))
-        if self.engine is not None:
+        if recovery is not None:
             diag.values.append(KeyValue(key='failed_checkpoints',
-                                        value=str(self.recovery.failed_checkpoints)))
-            if self.recovery.failed_checkpoints:
-                level = max(level, DiagnosticStatus.WARN)
-                message += f'; checkpoint writes failing: {self.recovery.last_failure}'
+                                        value=str(recovery.failed_checkpoints)))
         for reason, count in sorted(self._refusals.items()):
             diag.values.append(KeyValue(key=f'refused: {reason}', value=str(count)))
-        array_msg = DiagnosticArray()
-        array_msg.header.stamp = status.header.stamp
-        array_msg.status = [diag]
-        self._diag_pub.publish(array_msg)
+        return diag
 
     # -- services ------------------------------------------------------------------------------
 

@@ -81,7 +81,6 @@ class RecoveryMixin:
         except Exception as exc:  # noqa: B902 - a checkpoint must never stop the control loop
             self.get_logger().error(f'checkpoint failed: {exc!r} ({recovery.failed_checkpoints}'
                                     ' failed so far)', throttle_duration_sec=5.0)
-        self._checkpoint_seq = recovery.sequence
 
     def _recover(self, engine):
         """Restores the newest checkpoint (by sequence) whose bytes are all finite, else
@@ -95,4 +94,3 @@ class RecoveryMixin:
         in the capsule directory. A named file that cannot be restored fails configure."""
         recovery = self.recovery
         self._resumed_from = recovery.resume(what)
-        self._checkpoint_seq = recovery.sequence

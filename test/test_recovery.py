@@ -19,6 +19,7 @@ from test_policy_node import (Harness, obs_range, RECURRENT, reference_actions, 
 
 from test_capsule import fill, tmpfs  # noqa: E402
 
+from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.capsule import read_file  # noqa: E402
 
@@ -156,6 +157,10 @@ def test_full_disk_restart_logs_the_cause_and_keeps_controlling(harness, tmp_pat
         recovery = h.node.recovery      # the checkpoint runs after the action is published
         wait_for(lambda: recovery.failed_checkpoints == 6, what='six failed checkpoints')
         assert 'no space left' in recovery.last_failure
+        diag = h.node.diagnostic(h.node.status_message())     # what /diagnostics carries
+        assert diag.level == DiagnosticStatus.WARN, diag
+        assert '6 checkpoint writes failed' in diag.message and 'no space left' in diag.message
+        assert {kv.key: kv.value for kv in diag.values}['failed_checkpoints'] == '6'
         assert sorted(n for n in h.names() if n.startswith('checkpoint-')) == [
             'checkpoint-00000007', 'checkpoint-00000008']      # memory bounded by keep
         assert sorted(p.name for p in capsules.glob('checkpoint-*')) == [
