@@ -191,6 +191,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                  '(positions) or 2 * len(joint_names) (positions then velocities)')
             need(len(cfg['action_joint_names']) in (0, cfg['act_dim']), 'action_joint_names',
                  'must be empty or hold act_dim names')
+            # the same by-name reading as the terms' joint_pos / joint_vel, unscaled
+            terms = [{'name': 'joint_pos', 'offset': [0.0]}] + (
+                [{'name': 'joint_vel'}] if cfg['obs_dim'] == 2 * len(joints) else [])
+            layout = ObservationLayout(terms, joints, [], cfg['act_dim'])
         elif cfg['observation_type'] == 'terms':
             need(len(joints) == cfg['act_dim'], 'joint_names',
                  f'terms: one joint per action (act_dim {cfg["act_dim"]})')
@@ -358,22 +362,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if isinstance(msg, Float32MultiArray):
             return np.asarray(msg.data, dtype=np.float32) \
                 if len(msg.data) else np.zeros(0, np.float32)
-        if len(set(msg.name)) != len(msg.name):
-            raise InvalidObservation(f'joint_state names a joint twice: {list(msg.name)}')
-        index = {name: i for i, name in enumerate(msg.name)}
-        joints = self.config['joint_names']
-        missing = [n for n in joints if n not in index]
-        if missing:
-            raise InvalidObservation(f'joint_state lacks joints {missing}')
-        rows = [msg.position]
-        if self.config['obs_dim'] == 2 * len(joints):
-            rows.append(msg.velocity)
-        values = []
-        for row in rows:
-            if len(row) != len(msg.name):
-                raise InvalidObservation('joint_state position/velocity length differs from name')
-            values += [row[index[n]] for n in joints]
-        return np.asarray(values, dtype=np.float32)
+        return self.layout.assemble(0, joint_state=(list(msg.name), msg.position,
+                                                    msg.velocity))
 
     def observation_callback(self, msg):
         """One observation = one committed step = one published action."""

@@ -93,8 +93,6 @@ class ObservationLayout:
             raise InvalidConfig(f'observation terms: duplicate names in {names}')
         self.obs_dim = start
         self.needs = {NEEDS[t.type] for t in self.terms} - {None}
-        self.last_action = next(((t.start, t.size) for t in self.terms
-                                 if t.type == 'last_action'), None)
         self._last_action_term = next((t for t in self.terms if t.type == 'last_action'), None)
 
     def _term(self, spec, act_dim):
