@@ -140,17 +140,9 @@ def declare(node):
         node.declare_parameter(f.name, _default(f), descriptor(f))
 
 
-def _values(node, names):
-    out = {}
-    for name in names:
-        value = node.get_parameter(name).value
-        out[name] = list(value) if isinstance(value, (list, tuple)) else value
-    return out
-
-
 def build(values):
     '''(NodeConfig, policy config) from a {name: value} dict; InvalidConfig names the
-    parameter. Also used by the set-parameters callback to vet a change before it lands.'''
+    parameter.'''
     node_names = {f.name for f in fields(NodeConfig)}
     for f in ALL_FIELDS:
         want, value = type(_default(f)), values[f.name]
@@ -185,9 +177,13 @@ def build(values):
     return node, policy
 
 
-def read(node):
-    '''NodeConfig and policy config from the node's parameters.'''
-    return build(_values(node, [f.name for f in ALL_FIELDS]))
+def read(node, changes=()):
+    '''NodeConfig and policy config from the node's parameters, with `changes` (rclpy
+    Parameters about to be set) applied: what the set-parameters callback vets.'''
+    values = {f.name: node.get_parameter(f.name).value for f in ALL_FIELDS}
+    values.update((p.name, p.value) for p in changes if p.name in values)
+    return build({k: list(v) if isinstance(v, (list, tuple)) else v
+                  for k, v in values.items()})
 
 
 TERM_SETTINGS = {'type': '', 'scale': [1.0], 'offset': [0.0], 'clip': [0.0], 'joints': [''],

@@ -135,13 +135,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         """Vets every change against the typed configs before it lands; settings marked live
         apply at once, the others only while unconfigured (they shape what configure builds)."""
         names = {f.name for f in params.ALL_FIELDS}
-        values = {n: self.get_parameter(n).value for n in names}
-        for p in changes:
-            if p.name in names:
-                values[p.name] = p.value
         try:
-            params.build({k: list(v) if isinstance(v, (list, tuple)) else v
-                          for k, v in values.items()})
+            params.read(self, changes)
         except (InvalidConfig, TypeError) as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         fixed = [p.name for p in changes if p.name in names and p.name not in params.LIVE]
