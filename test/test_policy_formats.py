@@ -80,15 +80,21 @@ def test_engine_gives_the_files_actions_and_replays_them(name, export_for, tmp_p
     assert torch.isfinite(want).all() and want.abs().max() > 0, 'degenerate reference'
     engine = PolicyEngine(make(export), device='cpu', cuda_graph=True,
                           capsule_dir=str(tmp_path))
+    check_episode(engine, obs, want, f'{name}: engine vs the file run directly')
+
+
+def check_episode(engine, obs, want, label):
+    """The run equals `want`; snapshot at 100, restore, the same 50 again; reset_episode,
+    the whole episode again."""
     engine.snapshot('episode_start', pin=True)
     first = run(engine, obs[:100])
     engine.snapshot('step100')
     got = torch.cat([first, run(engine, obs[100:])])
-    assert_same(got, want, f'{name}: engine vs the file run directly')
+    assert_same(got, want, label)
     engine.restore('step100')
-    assert_same(run(engine, obs[100:150]), got[100:150], f'{name}: replay after restore')
+    assert_same(run(engine, obs[100:150]), got[100:150], f'{label}: replay after restore')
     engine.reset_episode()
-    assert_same(run(engine, obs), want, f'{name}: first episode again after reset_episode')
+    assert_same(run(engine, obs), want, f'{label}: first episode again after reset_episode')
 
 
 @pytest.mark.cuda
@@ -101,17 +107,9 @@ def test_captured_graph_matches_eager_on_cuda(name, export_for, tmp_path):
     eager = PolicyEngine(make(export), device='cuda', cuda_graph=False,
                          capsule_dir=str(tmp_path / 'eager'))
     assert graph.graph_captured and not eager.graph_captured
-    graph.snapshot('episode_start', pin=True)
     want = run(eager, obs)
     assert torch.isfinite(want).all()
-    first = run(graph, obs[:100])
-    graph.snapshot('step100')
-    got = torch.cat([first, run(graph, obs[100:])])
-    assert_same(got, want, f'{name}: CUDA graph vs eager CUDA')
-    graph.restore('step100')
-    assert_same(run(graph, obs[100:150]), got[100:150], f'{name}: CUDA replay after restore')
-    graph.reset_episode()
-    assert_same(run(graph, obs), want, f'{name}: CUDA first episode after reset_episode')
+    check_episode(graph, obs, want, f'{name}: CUDA graph vs eager CUDA')
 
 
 @pytest.mark.parametrize('name', NOT_STATED)
