@@ -5,6 +5,7 @@ Runs with two toy policies written against the Policy contract (a GRU-like recur
 append-growth KV toy) and with the real 'recurrent' and 'history' policies from policies.py.
 """
 
+import dataclasses
 import hashlib
 import os
 import random
@@ -468,7 +469,10 @@ def test_full_budget_refused_state_and_store_unchanged(tmp_path):
         e.fork('a', 'c')
     assert e.store.list() == before and torch.equal(live(e), state)
     e.delete('a')
-    assert e.snapshot('b').manifest.tier == 'device'
+    # a CPU engine's device tier is host memory: results say so, as list_capsules does
+    assert e.snapshot('b').manifest.tier == 'host'
+    assert e.restore('b').manifest.tier == 'host'
+    assert e.store.placement()['b'] == 'device'      # the budget it counts against
 
 
 def test_meta_buffer_is_engine_owned(tmp_path):
@@ -515,3 +519,62 @@ def test_cuda_graph_contract(tmp_path, kind):
         assert not all(torch.equal(a, b) for a, b in zip(original, ablated))
     p50, p99 = e.step_latency_us()
     print(f'{kind} cuda graph step p50 {p50:.1f} us p99 {p99:.1f} us')
+
+
+def test_finite_flag_rides_with_the_action(tmp_path):
+    e = make_engine(tmp_path, 'toy_gru')
+    obs = observations(3)
+    e.step(obs[0])
+    assert e.last_step_finite
+    e.snapshot('ok')
+    e.arena['h'][0] = float('nan')          # a poisoned recurrent state
+    action = e.step(obs[1])
+    assert not e.last_step_finite and not torch.isfinite(action).all()
+    e.restore('ok')
+    e.step(obs[2])
+    assert e.last_step_finite
+
+
+def test_host_tier_restore_and_frozen_manifests(tmp_path):
+    e = make_engine(tmp_path, 'toy_kv')
+    obs = observations(20)
+    for o in obs[:5]:
+        e.step(o)
+    m = e.snapshot('h', tier='host').manifest
+    assert m.tier == 'host' and e.fork('h', 'f').manifest.tier == 'host'
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.step = 0              # the store's record cannot be changed through a result
+    before, expected = live(e), [e.step(o) for o in obs[5:20]]
+    e.restore('h')
+    assert torch.equal(live(e), before)
+    assert all(torch.equal(a, e.step(o)) for a, o in zip(expected, obs[5:20]))
+
+
+@pytest.mark.cuda
+def test_cuda_copy_paths_agree_bit_for_bit(tmp_path):
+    """cuda-python copies (Transfer) and torch copies give the same bytes and actions, for
+    device- and host-tier capsules, forks and rollbacks."""
+    if not torch.cuda.is_available():
+        print('skipping: CUDA is not available on this machine')
+        pytest.skip('CUDA is not available')
+    runs = {}
+    for use in (True, False):
+        e = PolicyEngine(POLICIES['history'](), device='cuda', rollback_depth=4,
+                         capsule_dir=str(tmp_path / str(use)), use_cuda_python=use, debug=True)
+        obs, acts = observations(40), []
+        for o in obs[:10]:
+            acts.append(e.step(o))
+        e.snapshot('d')
+        e.snapshot('h', tier='host')
+        e.fork('d', 'f')
+        for o in obs[10:20]:
+            acts.append(e.step(o))
+        e.rollback(3)
+        for name in ('h', 'f', 'd'):
+            e.restore(name)
+            acts += [e.step(o) for o in obs[20:30]]
+        runs[use] = (e.transfer.backend, torch.stack(acts), live(e))
+    print(f'backends: {runs[True][0]} vs {runs[False][0]}')
+    assert runs[False][0] == 'torch'
+    assert torch.equal(runs[True][1], runs[False][1])
+    assert torch.equal(runs[True][2], runs[False][2])

@@ -5,6 +5,7 @@ import torch
 
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.state import BufferSpec, StateArena
+from flashrt_ros.runtime.transfer import Transfer
 
 
 def make_arena(capacity=64):
@@ -66,7 +67,7 @@ def test_read_write_live_and_unpack_round_trip():
     a['v'][:10].normal_()
     a['tok'][:10] = torch.arange(10)
     out = torch.empty(a.live_nbytes(10), dtype=torch.uint8)
-    a.read_live(10, out)
+    a.read_live(10, out, Transfer('cpu'))
     views = a.unpack(out, 10)
     for name in ('h', 'conv'):
         assert torch.equal(views[name], a[name])
@@ -76,7 +77,7 @@ def test_read_write_live_and_unpack_round_trip():
     saved = a.storage.clone()
     a.zero_()
     ptr = a.storage.data_ptr()
-    a.write_live(10, out)
+    a.write_live(10, out, Transfer('cpu'))
     assert a.storage.data_ptr() == ptr
     assert torch.equal(a.storage[:a.live_nbytes(10)], saved[:a.live_nbytes(10)])
 
@@ -104,4 +105,15 @@ def test_bad_specs_refused():
                     BufferSpec('v', (8, 2), torch.float32, 'kv', 'append')], 'cpu')
     a = make_arena()
     with pytest.raises(InvalidConfig, match='outside'):
-        a.read_live(65, torch.empty(a.total_nbytes, dtype=torch.uint8))
+        a.read_live(65, torch.empty(a.total_nbytes, dtype=torch.uint8), Transfer('cpu'))
+
+
+def test_transfer_copies_byte_ranges():
+    t = Transfer('cpu')
+    src = torch.arange(64, dtype=torch.uint8).view(4, 16)      # a 2-D source, as the ring's
+    dst = torch.zeros(8, dtype=torch.float32)                    # 32 bytes, typed
+    t.copy(dst, src, 16, dst_offset=8, src_offset=32)
+    t.sync()
+    got = dst.view(torch.uint8)
+    assert got[8:24].tolist() == list(range(32, 48))
+    assert not got[:8].any() and not got[24:].any()

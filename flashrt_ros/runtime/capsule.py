@@ -47,8 +47,11 @@ _CHECKED_FIELDS = ('name', 'parent', 'step', 'episode', 'position', 'nbytes',
                    'schema_digest', 'model_digest', 'created')
 
 
-@dataclass
+@dataclass(frozen=True)
 class Manifest:
+    """What a capsule is. Frozen: the engine hands the store's own manifest to callers, so
+    nobody can change a capsule's record (copies are made with dataclasses.replace)."""
+
     name: str
     parent: str
     tier: str                # 'device' | 'host' | 'disk'
@@ -364,6 +367,11 @@ class CapsuleStore:
         """Where a budget tier's bytes are: 'host' for the device tier of a CPU store."""
         return self._reported[tier]
 
+    def reported(self, manifest):
+        """`manifest` with its tier as reported_tier() says (the same object when equal)."""
+        tier = self._reported[manifest.tier]
+        return manifest if tier == manifest.tier else replace(manifest, tier=tier)
+
     @_locked
     def placement(self):
         """{name: budget tier ('device' | 'host' | 'disk')}; does not touch the LRU order."""
@@ -467,10 +475,14 @@ class CapsuleStore:
             raise CapsuleExists(f'capsule {m.name!r} exists; pass overwrite to replace it')
         if m.tier not in TIERS or (m.pinned and m.tier == 'disk'):
             raise BudgetExceeded(f'capsule {m.name!r} cannot live in tier {m.tier!r}')
-        moves = [] if m.tier == 'disk' else self._plan(m.tier, m.nbytes, skip=m.name)
+        old = self._capsules.get(m.name)
+        if m.tier == 'disk' or (old is not None and old.manifest.tier == m.tier
+                                and old.manifest.nbytes >= m.nbytes):
+            moves = []      # an overwrite that fits in its predecessor's room demotes nothing
+        else:
+            moves = self._plan(m.tier, m.nbytes, skip=m.name)
         for name, _ in moves:
             self._demote(name)
-        old = self._capsules.get(m.name)
         if old is not None and old.manifest.tier == 'disk' and old.path != capsule.path:
             # A stale spill file costs disk only; failing the put over it would refuse a
             # capsule that is already placed.
@@ -523,7 +535,7 @@ class CapsuleStore:
                 'choose another file name')
         data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
         digest = write_file(full, capsule.manifest, data, self._key)
-        capsule.manifest.checksum = digest
+        capsule.manifest = replace(capsule.manifest, checksum=digest)
         try:
             return full, os.path.getsize(full)
         except OSError as e:
@@ -558,4 +570,4 @@ class CapsuleStore:
         digest = manifest.checksum if name == manifest.name else ''
         m = replace(manifest, name=name, tier='device', pinned=False, checksum=digest)
         self.put(Capsule(m, data), overwrite=overwrite)
-        return replace(m, tier=self._reported[m.tier])
+        return self.reported(m)

@@ -6,7 +6,6 @@ updated deterministically from what each operation did; the step path never read
 """
 
 from collections import deque
-import copy
 from dataclasses import dataclass, replace
 from functools import partial
 import math
@@ -21,6 +20,7 @@ from .errors import (CapacityExceeded, CapsuleExists, InvalidConfig, InvalidObse
                      RollbackUnavailable)
 from .graph import StepGraph
 from .state import BufferSpec, KINDS, META_EPISODE, META_STEP, StateArena
+from .transfer import Transfer
 
 EPISODE_START = 'episode_start'     # the capsule reset_episode() restores
 
@@ -36,28 +36,21 @@ class OpResult:
 
 
 class _Timer:
-    """Device-timed latency: CUDA events on GPU, perf_counter on CPU.
+    """Wall time of an operation's device work, ended by its one synchronisation.
 
-    One instance per engine, used under the engine's lock: the two events and the stream are
-    looked up once. Event.record() with no stream resolves the current stream in Python on
-    every call, which profiled at several microseconds per record on the H200 host.
+    The window opens before the copies (or the graph replay) are issued and closes after
+    Transfer.sync() returns, so latency_us is what the work costs the caller, issue overhead
+    included, on every device. (CUDA events measured the copy alone and cost two records, an
+    event wait and elapsed_time: about 12 us per call on the H200 host.)
     """
 
-    def __init__(self, device):
-        self.cuda = device.type == 'cuda'
+    def __init__(self, transfer):
+        self._transfer = transfer
         self._depth = 0     # reset_episode times a restore that times itself: outermost wins
-        if self.cuda:
-            self._stream = torch.cuda.current_stream(device)
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
 
     def __enter__(self):
         self._depth += 1
-        if self._depth > 1:
-            return self
-        if self.cuda:
-            self._start.record(self._stream)
-        else:
+        if self._depth == 1:
             self._t0 = time.perf_counter()
         return self
 
@@ -66,12 +59,8 @@ class _Timer:
         if self._depth:
             self.us = math.nan      # an inner window has no figure of its own
             return False
-        if self.cuda:
-            self._end.record(self._stream)
-            self._end.synchronize()
-            self.us = self._start.elapsed_time(self._end) * 1000.0
-        else:
-            self.us = (time.perf_counter() - self._t0) * 1e6
+        self._transfer.sync()
+        self.us = (time.perf_counter() - self._t0) * 1e6
         return False
 
 
@@ -83,7 +72,7 @@ class RollbackRing:
     before an older position is unchanged, and the position itself is in the static block.
     """
 
-    def __init__(self, arena, depth):
+    def __init__(self, arena, depth, transfer):
         if depth < 1:
             raise InvalidConfig(f'rollback_depth must be >= 1, got {depth}')
         self.depth = int(depth)
@@ -91,6 +80,7 @@ class RollbackRing:
         self.slots = torch.zeros(self.depth, self.static.numel(), dtype=torch.uint8,
                                  device=arena.storage.device)       # [depth, static_nbytes]
         self.step_view = arena['meta'][META_STEP:META_STEP + 1]     # int64 [1]
+        self._transfer = transfer
 
     def record(self):
         # Device-side slot index and index_copy_: no host sync, so it rides inside the graph.
@@ -98,7 +88,8 @@ class RollbackRing:
 
     def restore(self, step):
         """Put back the pre-step static block of step `step` (the caller checks availability)."""
-        self.static.copy_(self.slots[step % self.depth])
+        n = self.static.numel()
+        self._transfer.copy(self.static, self.slots, n, src_offset=(step % self.depth) * n)
 
 
 class PolicyEngine:
@@ -106,10 +97,11 @@ class PolicyEngine:
 
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
-                 debug=False, last_action=None, signing_key=None):
+                 debug=False, last_action=None, signing_key=None, use_cuda_python=True):
         """last_action: (start, size, scale, offset, clip) of an observation slot that the
         step fills from the previous action (ObservationLayout.device_feedback()), or None.
-        That action is then state ('last_action' in the arena), restored with a capsule."""
+        That action is then state ('last_action' in the arena), restored with a capsule.
+        use_cuda_python: issue copies through cuda-python where it imports (Transfer)."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.debug = debug
@@ -124,25 +116,32 @@ class PolicyEngine:
         self.arena = StateArena(specs, self.device)
         self.meta = self.arena['meta']
         self.policy.bind(self.arena.views)
+        self.transfer = Transfer(self.device, use_cuda_python)
         # signing_key: bytes (capsule.load_signing_key) to sign capsule files and require
         # signatures on load; None: unsigned files, checksums only
         self.store = CapsuleStore(self.device, device_budget, host_budget, capsule_dir,
                                   signing_key=signing_key)
-        self.ring = RollbackRing(self.arena, rollback_depth)
+        self.ring = RollbackRing(self.arena, rollback_depth, self.transfer)
         self.model_digest = policy.model_digest()
         self.obs_dim, self.act_dim = int(policy.obs_dim), int(policy.act_dim)
         # Inputs and outputs are static buffers outside the state: not part of any capsule.
+        # The output holds the action and, after it, the step's finite flag (1.0 when the
+        # action and every static floating-point state buffer are finite, else 0.0): one
+        # device->host copy and one synchronisation bring back both.
         self.obs_buf = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
-        self.act_buf = torch.zeros(self.act_dim, dtype=torch.float32, device=self.device)
+        self.out_buf = torch.zeros(self.act_dim + 1, dtype=torch.float32, device=self.device)
+        self.act_buf = self.out_buf[:self.act_dim]
+        self._finite_flag = self.out_buf[self.act_dim:]
         # Pinned host staging on CUDA: the obs/action transfers are then plain async DMA on the
         # step's stream instead of pageable copies that stall the host.
         pin = self.device.type == 'cuda'
         self._obs_host = torch.zeros(self.obs_dim, dtype=torch.float32, pin_memory=pin)
-        self._act_host = torch.zeros(self.act_dim, dtype=torch.float32, pin_memory=pin)
-        self._obs_np, self._act_np = self._obs_host.numpy(), self._act_host.numpy()
+        self._out_host = torch.zeros(self.act_dim + 1, dtype=torch.float32, pin_memory=pin)
+        self._obs_np, self._out_np = self._obs_host.numpy(), self._out_host.numpy()
+        self.last_step_finite = True    # the flag of the latest step (see verdict in recovery)
         self._advances = self.arena.capacity > 0     # history policies move position each step
         self._lock = threading.Lock()
-        self._timer = _Timer(self.device)
+        self._timer = _Timer(self.transfer)
         self._latencies = deque(maxlen=1024)
         self._snap_count = 0
         self._lineage = ''          # capsule the live state descends from (manifest.parent)
@@ -152,6 +151,11 @@ class PolicyEngine:
         self._ptrs = {n: v.data_ptr() for n, v in self.arena.views.items()}
         if last_action is not None:
             self._feedback = self._make_feedback(*last_action)
+        # What the finite flag covers: the action and the static float buffers (the history's
+        # append rows are checked when a checkpoint is taken or chosen: nonfinite_buffers).
+        self._finite_over = [self.act_buf] + [
+            v for n, v in self.arena.views.items() if v.is_floating_point() and v.numel()
+            and self.arena.specs[n].growth == 'static']
 
         # Same step function on every device: captured on CUDA, called eagerly on CPU.
         enabled = bool(cuda_graph) and self.device.type == 'cuda'
@@ -184,6 +188,10 @@ class PolicyEngine:
         if self._feedback is not None:
             self._feedback[1].copy_(self.act_buf)
         self.meta[META_STEP:META_STEP + 1].add_(1)
+        # The max-abs norm of a tensor is NaN or Inf exactly when an element is, and never
+        # overflows; one multi-tensor kernel covers every buffer.
+        norms = torch._foreach_norm(self._finite_over, math.inf)
+        self._finite_flag.copy_(torch.isfinite(torch.stack([n.float() for n in norms])).all())
 
     def _reinit(self, episode):
         """Initial state: zeros, the policy's own initial values, meta = [0, episode, 0, 0]."""
@@ -231,11 +239,14 @@ class PolicyEngine:
                     f'history is full ({self.arena.capacity} positions); reset the episode, '
                     'restore or roll back')
             self._obs_np[:] = t
-            with self._timer as timer:      # its exit synchronises the device
-                self.obs_buf.copy_(self._obs_host, non_blocking=True)
+            copy = self.transfer.copy
+            with self._timer as timer:      # its exit synchronises the device, once
+                copy(self.obs_buf, self._obs_host, 4 * self.obs_dim)
                 self.graph.replay()
-                self._act_host.copy_(self.act_buf, non_blocking=True)
-            action = torch.from_numpy(self._act_np.copy())
+                copy(self._out_host, self.out_buf, 4 * (self.act_dim + 1))
+            out = self._out_np
+            action = torch.from_numpy(out[:self.act_dim].copy())
+            self.last_step_finite = bool(out[self.act_dim] == 1.0)
             self._latencies.append(timer.us)
             self.step_index += 1
             self.position += int(self._advances)
@@ -314,6 +325,10 @@ class PolicyEngine:
     # -- capsule operations (all between steps, under the lock) --------------------------------
 
     def _result(self, message, manifest, us):
+        """The OpResult; a manifest's tier as the store reports it (a CPU engine's 'device'
+        tier is host memory, so it says 'host', as list_capsules does)."""
+        if manifest is not None:
+            manifest = self.store.reported(manifest)
         return OpResult(True, message, manifest, us, self.step_index)
 
     def _take(self, name, overwrite, pin, tier='device'):
@@ -339,7 +354,7 @@ class PolicyEngine:
                                device=self.device if tier == 'device' else 'cpu',
                                pin_memory=tier == 'host' and self.device.type == 'cuda')
         with self._timer as timer:
-            self.arena.read_live(self.position, data)
+            self.arena.read_live(self.position, data, self.transfer)
         # No checksum here: it would cost a device->host read on the hot path. It is computed
         # when the capsule is written to disk and checked on every read from disk.
         m = Manifest(name=name, parent=self._lineage, tier=tier, pinned=bool(pin),
@@ -347,7 +362,7 @@ class PolicyEngine:
                      nbytes=data.numel(), schema_digest=self.arena.schema_digest,
                      model_digest=self.model_digest, created=time.time())
         self.store.put(Capsule(m, data), overwrite=overwrite)
-        return copy.copy(m), timer.us
+        return m, timer.us     # manifests are frozen: the caller cannot change the store's
 
     def snapshot(self, name='', overwrite=False, pin=False, tier='device'):
         """Copy the live bytes into a new capsule (one copy). The live state is not changed.
@@ -362,7 +377,8 @@ class PolicyEngine:
                                 m, us)
 
     def _restore(self, name, kinds=None):
-        m = self.store.get(name).manifest
+        capsule = self.store.get(name)
+        m = capsule.manifest
         check_compatible(m, self.arena.schema_digest, self.model_digest)
         if kinds is not None:
             kinds = set(kinds)
@@ -372,10 +388,15 @@ class PolicyEngine:
             names = [n for n, s in self.arena.specs.items() if s.kind in kinds]
             if not names:
                 raise InvalidConfig(f'the state has no buffers of kinds {sorted(kinds)}')
-        data = self.store.data_on(name, self.device)   # may read disk: before any write
+        if kinds is None:
+            # Device or host tier: one copy from where the bytes are (pinned host memory
+            # straight into the arena). Disk: read and verified here, before any write.
+            data = capsule.data if capsule.data is not None else self.store.data_on(name, 'cpu')
+        else:
+            data = self.store.data_on(name, self.device)
         with self._timer as timer:
             if kinds is None:
-                self.arena.write_live(m.position, data)
+                self.arena.write_live(m.position, data, self.transfer)
             else:
                 views = self.arena.unpack(data, m.position)
                 for n in names:
@@ -388,7 +409,7 @@ class PolicyEngine:
         self.rollback_available = 0
         self._lineage = name
         self._check()
-        return copy.copy(m), timer.us
+        return m, timer.us
 
     def restore(self, name, kinds=None):
         """Make the live bytes equal the capsule's (kinds: only buffers of those kinds).
@@ -413,12 +434,17 @@ class PolicyEngine:
             src = self.store.get(source).manifest
             if target in self.store and not overwrite:
                 raise CapsuleExists(f'capsule {target!r} exists; pass overwrite to replace it')
+            capsule = self.store.get(source)
+            held = capsule.data
+            if held is None:        # on disk: read and verified before anything is written
+                held = self.store.data_on(source, 'cpu')
+            data = torch.empty(src.nbytes, dtype=torch.uint8, device=self.device)
             with self._timer as timer:
-                data = self.store.data_on(source, self.device).clone()
+                self.transfer.copy(data, held, src.nbytes)
             m = replace(src, name=target, parent=source, tier='device', pinned=False,
                         checksum='', created=time.time())
             self.store.put(Capsule(m, data), overwrite=overwrite)
-            return self._result(f'forked {source!r} to {target!r}', copy.copy(m), timer.us)
+            return self._result(f'forked {source!r} to {target!r}', m, timer.us)
 
     def rollback(self, steps):
         """Restore the state of `steps` committed steps ago (1 <= steps <= rollback_available).
@@ -445,7 +471,7 @@ class PolicyEngine:
     def delete(self, name):
         """Remove a capsule from the store; the live state is not touched."""
         with self._lock:
-            m = copy.copy(self.store.get(name).manifest)
+            m = self.store.get(name).manifest
             self.store.delete(name)
             return self._result(f'deleted {name!r}', m, 0.0)
 
@@ -455,7 +481,7 @@ class PolicyEngine:
             t0 = time.perf_counter()   # disk I/O is host work: wall time, not device events
             full, size = self.store.save(name, path)
             us = (time.perf_counter() - t0) * 1e6
-            m = copy.copy(self.store.get(name).manifest)
+            m = self.store.get(name).manifest
             result = self._result(f'saved {name!r} to {full} ({size} bytes)', m, us)
             result.path = full
             return result

@@ -191,13 +191,15 @@ class Recovery:
     def verdict(self, action):
         """Names of what is not finite after a step: 'action' and static buffers (recurrent,
         conv, chunk, counters); [] when the step is sound. The history (append buffers) is
-        checked when a checkpoint is taken or chosen. A poisoned verdict marks the append rows
-        past the position for scrubbing at the next restore (see after_restore)."""
+        checked when a checkpoint is taken or chosen. Reads the engine's finite flag (computed
+        inside the step); buffers are only named when it is down. A poisoned verdict marks
+        the append rows past the position for scrubbing at the next restore (after_restore)."""
+        if self.engine.last_step_finite:
+            return []       # the step's own finite flag: no second lock, no second sync
         bad = [] if bool(torch.isfinite(action).all()) else ['action']
         bad += self.engine.nonfinite_buffers(static_only=True)
-        if bad:
-            self.scrub = True
-        return bad
+        self.scrub = True
+        return bad or ['the step (finite flag)']
 
     def after_restore(self):
         """Call after any restore that ends a poisoned stretch (recover, a user restore or

@@ -166,16 +166,16 @@ class StateArena:
         if not 0 <= int(position) <= self.capacity:
             raise InvalidConfig(f'position {position} is outside [0, {self.capacity}]')
 
-    def read_live(self, position, out):
-        """Copy the live bytes into out[:live_nbytes(position)]: one contiguous copy."""
+    def read_live(self, position, out, transfer):
+        """Copy the live bytes into out[:live_nbytes(position)]: one contiguous copy, issued
+        through `transfer` (runtime/transfer.py; asynchronous until its sync())."""
         self._check_position(position)
-        n = self.live_nbytes(position)
-        # slicing costs microseconds of dispatch on this hot path: skip it when not needed
-        (out if out.numel() == n else out[:n]).copy_(self.storage[:n])
+        transfer.copy(out, self.storage, self.live_nbytes(position))
 
-    def write_live(self, position, src):
+    def write_live(self, position, src, transfer):
         """Copy src[:live_nbytes(position)] over the live bytes: one copy, no reallocation.
 
+        `src` may sit on the device or in host memory (transfer copies from where it is).
         Append rows at or beyond `position` keep whatever they held; policies read only
         the live prefix.
         """
@@ -183,7 +183,7 @@ class StateArena:
         n = self.live_nbytes(position)
         if src.numel() < n:
             raise InvalidConfig(f'source holds {src.numel()} bytes, live state needs {n}')
-        self.storage[:n].copy_(src if src.numel() == n else src[:n])
+        transfer.copy(self.storage, src, n)
 
     def unpack(self, data, position):
         """Typed views (same layout) over a capsule's live bytes; append views are [:position].
