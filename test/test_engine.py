@@ -578,3 +578,31 @@ def test_cuda_copy_paths_agree_bit_for_bit(tmp_path):
     assert runs[False][0] == 'torch'
     assert torch.equal(runs[True][1], runs[False][1])
     assert torch.equal(runs[True][2], runs[False][2])
+
+
+def test_history_step_runs_the_smallest_span_covering_the_position(tmp_path):
+    e = make_engine(tmp_path, 'history')          # capacity 512
+    assert e.spans == [64, 128, 256, 512] and len(e.graphs) == 4
+    for position, span in ((0, 64), (63, 64), (64, 128), (200, 256), (511, 512)):
+        assert e.graphs[e.spans.index(span)] is e._graph_for(position), position
+    # a span only drops rows the mask hides: actions match the whole-capacity step
+    reference = make_engine(tmp_path / 'ref', 'history')
+    reference.spans, reference.graphs = [None], [reference.graph]
+    obs = observations(150)
+    got = torch.stack([e.step(o) for o in obs])
+    want = torch.stack([reference.step(o) for o in obs])
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_span_graphs_equal_eager_bit_for_bit(tmp_path):
+    if not torch.cuda.is_available():
+        print('skipping: CUDA is not available on this machine')
+        pytest.skip('CUDA is not available')
+    obs, runs = observations(300), []
+    for graph in (True, False):
+        e = PolicyEngine(POLICIES['history'](), device='cuda', cuda_graph=graph,
+                         capsule_dir=str(tmp_path / str(graph)))
+        assert e.graph_captured == graph and len(e.spans) == 4
+        runs.append(torch.stack([e.step(o) for o in obs]))      # crosses 64, 128 and 256
+    assert torch.equal(runs[0], runs[1])

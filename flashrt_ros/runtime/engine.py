@@ -5,6 +5,7 @@ between two steps. Host mirrors of the meta counters (step_index, episode, posit
 updated deterministically from what each operation did; the step path never reads the device.
 """
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, replace
 from functools import partial
@@ -157,10 +158,19 @@ class PolicyEngine:
             v for n, v in self.arena.views.items() if v.is_floating_point() and v.numel()
             and self.arena.specs[n].growth == 'static']
 
-        # Same step function on every device: captured on CUDA, called eagerly on CPU.
+        # Same step function on every device: captured on CUDA, called eagerly on CPU. A
+        # policy whose step cost grows with the history span (spans()) gets one step per span,
+        # all in one graph memory pool; step() runs the smallest span covering the position.
         enabled = bool(cuda_graph) and self.device.type == 'cuda'
-        self.graph = StepGraph(self._step_fn, self.device, enabled, state=self.arena.storage,
-                               check=self.arena.views if debug else None)
+        self.spans = list(getattr(policy, 'spans', list)()) or [None]
+        self.graphs, pool = [], None
+        for span in self.spans:
+            graph = StepGraph(partial(self._step_fn, span), self.device, enabled,
+                              state=self.arena.storage, pool=pool,
+                              check=self.arena.views if debug else None)
+            pool = graph.pool
+            self.graphs.append(graph)
+        self.graph = self.graphs[-1]            # the whole-capacity step
         self.graph_captured = self.graph.captured
 
     # -- the step ------------------------------------------------------------------------------
@@ -175,7 +185,7 @@ class PolicyEngine:
         return (self.obs_buf[start:start + size], self.arena['last_action'], identity,
                 as_t(scale), as_t(offset), clip)
 
-    def _step_fn(self):
+    def _step_fn(self, span=None):
         self.ring.record()
         if self._feedback is not None:
             slot, last, identity, scale, offset, clip = self._feedback
@@ -184,7 +194,10 @@ class PolicyEngine:
             else:
                 value = (last - offset) * scale
                 slot.copy_(value if clip is None else value.clamp(clip[0], clip[1]))
-        self.policy.step(self.obs_buf, self.act_buf)
+        if span is None:
+            self.policy.step(self.obs_buf, self.act_buf)
+        else:
+            self.policy.step(self.obs_buf, self.act_buf, span)
         if self._feedback is not None:
             self._feedback[1].copy_(self.act_buf)
         self.meta[META_STEP:META_STEP + 1].add_(1)
@@ -242,7 +255,7 @@ class PolicyEngine:
             copy = self.transfer.copy
             with self._timer as timer:      # its exit synchronises the device, once
                 copy(self.obs_buf, self._obs_host, 4 * self.obs_dim)
-                self.graph.replay()
+                self._graph_for(self.position).replay()
                 copy(self._out_host, self.out_buf, 4 * (self.act_dim + 1))
             out = self._out_np
             action = torch.from_numpy(out[:self.act_dim].copy())
@@ -253,6 +266,13 @@ class PolicyEngine:
             self.rollback_available = min(self.rollback_available + 1, self.ring.depth)
             self._check()
             return action
+
+    def _graph_for(self, position):
+        """The step for the smallest span that covers `position` (spans ascend)."""
+        graphs = self.graphs
+        if len(graphs) > 1:
+            return graphs[bisect.bisect_right(self.spans, position)]
+        return graphs[0]
 
     def prefill(self, observations):
         """Feed [T, obs_dim] observations into the history (eager); ring is cleared."""

@@ -109,6 +109,13 @@ class Policy(nn.Module):
     def step(self, obs, action):
         raise NotImplementedError
 
+    def spans(self):
+        '''History spans the step can be specialised to (ascending, the last = capacity), or
+        [] when its cost does not depend on the position. The engine captures one step per
+        span and runs the smallest span that covers the position; step(obs, action, span)
+        must then read only the history rows [0, span).'''
+        return []
+
     def prefill(self, observations):
         raise InvalidConfig(f'a {self.kind!r} policy keeps no history to prefill; use step()')
 

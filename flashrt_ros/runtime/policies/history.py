@@ -129,16 +129,31 @@ class HistoryPolicy(Policy):
             self._rng_spec(),
         ]
 
+    MIN_SPAN = 64       # below this a shorter attention saves less than a graph costs
+
+    def spans(self):
+        '''Powers of two from MIN_SPAN below the capacity, then the capacity: a step at
+        position p attends over the smallest span > p, so its cost follows the position
+        (within 2x) instead of the capacity.'''
+        out, span = [], self.MIN_SPAN
+        while span < self.capacity:
+            out.append(span)
+            span *= 2
+        return out + [self.capacity]
+
     # one token at meta's position; every shape static, position only ever read on device
     @torch.no_grad()
-    def step(self, obs, action):
+    def step(self, obs, action, span=None):
+        '''One step; `span` (from spans(), > the position): attend over rows [0, span)
+        only. The engine picks it from the position; None means the whole capacity.'''
+        span = self.capacity if span is None else span
         pos = self.meta[META_POSITION:META_POSITION + 1]                    # [1] int64
         x = self.embed(obs.view(1, self.obs_dim).to(self.dtype))            # [1, d]
         kv, conv, rec = self.views['kv'], self.views['conv'], self.views['recurrent']
         for i, block in enumerate(self.blocks):
             h, m = block.norm1(x), block.mixer
             if i % 2 == 0:
-                x = x + self._attend_one(m, h, kv[:, i // 2], pos)
+                x = x + self._attend_one(m, h, kv[:span, i // 2], pos)
             else:
                 x = x + self._recur_one(m, h, conv[i // 2], rec[i // 2])
             x = x + block.mlp(block.norm2(x))
@@ -150,7 +165,7 @@ class HistoryPolicy(Policy):
         pos.add_(1)
 
     def _attend_one(self, m, h, kv, pos):
-        # kv [capacity, 2, H, D]: write this token's K, V at pos, attend over every slot
+        # kv [span, 2, H, D]: write this token's K, V at pos (< span), attend over every slot
         # with the mask positions <= pos (static shapes; masked slots weigh exactly 0)
         qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
         kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
@@ -159,7 +174,8 @@ class HistoryPolicy(Policy):
         # over a single query (fp32 fell to one block per head)
         k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
         scores = torch.matmul(k, qkv[0].unsqueeze(-1)).squeeze(-1).float()   # [H, C]
-        scores = torch.where(self.positions <= pos, scores * m.head_dim ** -0.5, -math.inf)
+        visible = self.positions[:kv.shape[0]] <= pos
+        scores = torch.where(visible, scores * m.head_dim ** -0.5, -math.inf)
         p = torch.softmax(scores, dim=-1).to(self.dtype)                     # [H, C]
         o = torch.matmul(p.unsqueeze(1), v)                                  # [H, 1, D]
         return m.wo(o.reshape(1, self.d_model))
