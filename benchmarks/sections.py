@@ -16,6 +16,7 @@ import torch.nn as nn
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.policies import make_policy, Policy
 from flashrt_ros.runtime.state import BufferSpec
+from flashrt_ros.runtime.transfer import Transfer
 
 from .timing import Clock, stats, wall
 
@@ -43,22 +44,29 @@ def _engine(policy, device, cuda_graph=True, rollback_depth=32, budget=1 << 30):
                         host_budget=1 << 20, capsule_dir=tempfile.mkdtemp(prefix='frt-bench-'))
 
 
-def interleaved(clock, timed, ops, iters, warmup=3, before=None):
+def interleaved(clock, timed, ops, iters, warmup=3, before=None, walled=None):
     """Time every callable once per iteration, in turn, for warmup + iters iterations.
 
     Interleaving (rather than one loop per operation) makes the ratios within a row robust to
     a machine whose speed drifts during the run (a shared VM, GPU clocks): all columns see the
     same conditions. timed: name -> fn, timed by `clock`; ops: name -> engine operation, kept
     as (device-timed OpResult.latency_us, host wall of the whole call); before: name -> an
-    untimed fn run just before that op. Returns ({name: stats}, {name: (device, wall)}).
+    untimed fn run just before that op; walled: name -> fn timed by host wall (its own
+    synchronisation inside), reported with `timed`. Returns ({name: stats},
+    {name: (reported latency, wall)}).
     """
-    t = {k: [] for k in timed}
+    walled = walled or {}
+    t = {k: [] for k in (*timed, *walled)}
     dev, host = {k: [] for k in ops}, {k: [] for k in ops}
     before = before or {}
     for i in range(warmup + iters):
         keep = i >= warmup
         for k, fn in timed.items():
             us = clock.once(fn)
+            if keep:
+                t[k].append(us)
+        for k, fn in walled.items():
+            _, us = wall(fn)
             if keep:
                 t[k].append(us)
         for k, fn in ops.items():
@@ -131,7 +139,16 @@ def capsule_ops(cfg, device, checks, log):
         # the naive layout: the same named buffers, each its own allocation, copied one by one
         bufs = {n: v.clone() for n, v in e.arena.views.items() if n != 'meta'}
         saved = {n: t.clone() for n, t in bufs.items()}
+        # random live bytes (not the zeros a fresh arena holds), the engine's counters kept
+        _randomize(e)
         e.snapshot('c', overwrite=True)
+        # the raw copy a caller could issue instead: cudaMemcpyAsync (cuda-python) and one
+        # stream synchronisation, or torch's copy_ and the same wait; the host wall of each
+        raw, torch_sync = Transfer(device), Transfer(device, use_cuda_python=False)
+
+        def raw_copy(transfer):
+            transfer.copy(dst, src, live)
+            transfer.sync()
 
         timed, done = interleaved(clock, {
             'copy': lambda: dst.copy_(src),
@@ -143,18 +160,22 @@ def capsule_ops(cfg, device, checks, log):
             'restore': lambda: e.restore('c'),
             'fork': lambda: e.fork('c', 'f', overwrite=True),
             'rollback': lambda: e.rollback(1),
-        }, iters, warm, before={'rollback': lambda: e.step(obs)})   # a step for it to undo
+        }, iters, warm, before={'rollback': lambda: e.step(obs)},   # a step for it to undo
+            walled={'raw_memcpy': lambda: raw_copy(raw),
+                    'torch_copy_sync': lambda: raw_copy(torch_sync)})
         copy, static_copy = timed['copy'], timed['static_copy']
         naive_snap, naive_restore = timed['naive_snapshot'], timed['naive_restore']
         snap, restore, fork = done['snapshot'], done['restore'], done['fork']
         rollback = done['rollback']
 
-        # identity: restore is byte-exact, fork owns equal bytes, rollback(1) undoes a step
+        # identity on random bytes: restore is byte-exact over different random bytes, fork
+        # owns equal bytes, rollback(1) undoes a step
+        _randomize(e)
         e.snapshot('c', overwrite=True)
-        e.step(obs)
-        e.restore('c')
         cap = e.store.get('c').data
-        _check(checks, f'capsule_ops {_label(size)}: restore byte-exact',
+        _randomize(e)
+        e.restore('c')
+        _check(checks, f'capsule_ops {_label(size)}: restore byte-exact (random bytes)',
                torch.equal(e.arena.storage[:live], cap[:live]))
         e.fork('c', 'f', overwrite=True)
         _check(checks, f'capsule_ops {_label(size)}: fork byte-exact',
@@ -171,23 +192,42 @@ def capsule_ops(cfg, device, checks, log):
                'restore': restore[0], 'restore_wall': restore[1],
                'fork': fork[0], 'fork_wall': fork[1],
                'rollback': rollback[0], 'rollback_wall': rollback[1],
-               'naive_snapshot': naive_snap, 'naive_restore': naive_restore}
+               'naive_snapshot': naive_snap, 'naive_restore': naive_restore,
+               'raw_memcpy': timed['raw_memcpy'], 'torch_copy_sync': timed['torch_copy_sync'],
+               'copy_backend': e.transfer.backend}
+        raw_p50 = timed['raw_memcpy']['p50']
         row['ratios'] = {
-            'snapshot_vs_copy': _ratio(snap[0]['p50'], copy['p50']),
-            'restore_vs_copy': _ratio(restore[0]['p50'], copy['p50']),
-            'fork_vs_copy': _ratio(fork[0]['p50'], copy['p50']),
-            'rollback_vs_static_copy': _ratio(rollback[0]['p50'], static_copy['p50']),
-            'naive_vs_snapshot': _ratio(naive_snap['p50'], snap[0]['p50']),
-            'naive_vs_restore': _ratio(naive_restore['p50'], restore[0]['p50']),
+            **{f'{op}_vs_copy': _ratio(row[f'{op}_wall']['p50'], copy['p50'])
+               for op in ('snapshot', 'restore', 'fork')},
+            **{f'{op}_vs_raw_memcpy': _ratio(row[f'{op}_wall']['p50'], raw_p50)
+               for op in ('snapshot', 'restore', 'fork', 'rollback')},
+            'rollback_vs_static_copy': _ratio(rollback[1]['p50'], static_copy['p50']),
+            'naive_vs_snapshot': _ratio(naive_snap['p50'], snap[1]['p50']),
+            'naive_vs_restore': _ratio(naive_restore['p50'], restore[1]['p50']),
         }
-        # design.md budget: within 1.2x of one contiguous copy of the same bytes, plus 15 us
+        # design.md budget, on what the caller waits for (the whole call's wall time): within
+        # 1.2x of one contiguous copy of the same bytes plus 15 us; at 4 KB also within 2x of
+        # a raw cudaMemcpyAsync + synchronisation of the same bytes
         row['within_budget'] = {
-            op: bool(row[op]['p50'] <= 1.2 * copy['p50'] + 15.0)
-            for op in ('snapshot', 'restore')}
+            op: bool(row[f'{op}_wall']['p50'] <= 1.2 * copy['p50'] + 15.0)
+            for op in ('snapshot', 'restore', 'fork', 'rollback')}
+        if size == 4 * 1024:
+            row['within_budget'].update({
+                f'{op}_vs_raw': bool(row[f'{op}_wall']['p50'] <= 2 * timed['raw_memcpy']['p50'])
+                for op in ('snapshot', 'restore')})
         rows.append(row)
         _free(device)
     return {'rows': rows, 'sizes_capped_at': _label(max(cfg['sizes'])),
             'note': cfg.get('sizes_note', '')}
+
+
+def _randomize(e):
+    """Random bytes over the whole live state, except the engine's meta counters (step,
+    episode, position), which keep their values so the engine's bookkeeping stays true."""
+    live = e.arena.live_nbytes(e.position)
+    meta = e.meta.clone()
+    e.arena.storage[:live].random_(0, 256)
+    e.meta.copy_(meta)
 
 
 def _label(n):

@@ -360,7 +360,7 @@ class PolicyEngine:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
         # Bookkeeping first, outside the timed window: latency_us is the copy itself.
         nbytes = self.arena.live_nbytes(self.position)
-        old = self.store.get(name) if overwrite and name in self.store else None
+        old = self.store.peek(name) if overwrite else None
         if (old is not None and old.manifest.tier == tier and old.data is not None
                 and old.data.numel() == nbytes):
             # Overwriting a capsule of the same size in the same tier (periodic checkpoints, a
