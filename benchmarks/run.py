@@ -280,15 +280,19 @@ def _history_table(key, rows):
                        f'{_us(w["copy_capacity"]["p50"])} | {q["capacity_copy_vs_snapshot"]:.1f}'
                        f' | {_pp(w["restore"])} | {_pp(w["rollback"])} |')
     elif key == 'first_action':
-        out.append('| history | restore -> action p50 / p99 | restore op p50 | re-prefill -> '
-                   'action p50 / p99 | speedup p50 | bit-exact vs continued original | '
-                   're-prefill max abs diff (action scale) |')
-        out.append('|' + ' --- |' * 7)
+        out.append('| history | restore -> action p50 / p99 | restore op p50 | eager '
+                   're-prefill -> action p50 / p99 | graphed re-prefill -> action p50 / p99 | '
+                   'speedup p50 vs the fastest prefill | vs eager | bit-exact vs continued '
+                   'original | re-prefill max abs diff (action scale) |')
+        out.append('|' + ' --- |' * 9)
         for w in rows:
             exact = 'yes' if w['bit_exact_vs_continued'] else 'NO'
+            g = w.get('graphed_prefill', {'skipped': 'not measured'})
+            graphed = g['skipped'] if 'skipped' in g else _pp(g['then_step'])
             out.append(f'| {w["history"]} | {_pp(w["restore_then_step"])} | '
                        f'{_us(w["restore_op"]["p50"])} | {_pp(w["reprefill_then_step"])} | '
-                       f'{w["speedup_p50"]:.1f}x | {exact}'
+                       f'{graphed} | {w["speedup_p50"]:.1f}x ({w["fastest_prefill"]}) | '
+                       f'{w["speedup_vs_eager_p50"]:.1f}x | {exact}'
                        f' | {w["reprefill_max_abs_diff"]:.3g} ({w["action_scale"]:.3g}) |')
     elif key == 'kv_ablation':
         out.append('| history | restored kinds | steps compared | first divergent step | '

@@ -207,17 +207,18 @@ class HistoryPolicy(Policy):
         chunk.copy_(torch.where(emit, new, chunk))
 
     @torch.no_grad()
-    def prefill(self, observations):
+    def prefill(self, observations, position=None):
         '''Ingest observations [T, obs_dim] at the current position in one pass: batched
         attention writing KV rows [pos, pos+T), conv and recurrence by parallel scan, head
-        and cursor as T steps would leave them (numerically close, not bit-equal). Reads the
-        position to the host once: prefill runs between steps, never inside the step graph.
+        and cursor as T steps would leave them (numerically close, not bit-equal).
+        `position`: the position when the caller knows it (the engine's host mirror), else
+        it is read from the device once; given, prefill has no host sync and can be captured.
         '''
         T = observations.shape[0]
         if observations.dim() != 2 or observations.shape[1] != self.obs_dim:
             raise InvalidConfig(f'prefill needs [T, {self.obs_dim}] observations, '
                                 f'got {tuple(observations.shape)}')
-        pos = int(self.meta[META_POSITION])
+        pos = int(self.meta[META_POSITION]) if position is None else int(position)
         if pos + T > self.capacity:
             raise CapacityExceeded(f'prefill of {T} tokens at position {pos} exceeds the '
                                    f'history capacity {self.capacity}')
