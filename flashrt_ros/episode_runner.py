@@ -6,20 +6,36 @@ push and observation-noise seed), restoring both between branches, reports per-b
 then replays every branch and checks that actions and world trajectories repeat bit for bit, and
 that an episode reset reproduces the first episode. Exits 0 only if those checks held.
 
-Worlds (`World` in flashrt_ros/sim.py): `mujoco` (the in-process MuJoCo cart-pole) or `gazebo`
-(`GazeboWorld`: ROS 2 simulation_interfaces services, ros_gz ControlWorld as a fallback).
-The policy node must run with obs_dim = the world's observation size and act_dim = 1.
+Worlds (`World` in flashrt_ros/sim.py): `mujoco` (the in-process MuJoCo cart-pole), `gazebo`
+(`GazeboWorld`: ROS 2 simulation_interfaces services, ros_gz ControlWorld as a fallback), both
+stepped through the node's flat ~/observation and ~/action (run the node with obs_dim = the
+world's observation size and act_dim = 1); or `mjcf`, an in-process floating-base robot
+(`RobotWorld`, parameters as the flashrt_sim node's mjcf world: mjcf_path, kps, kds, ...)
+stepped through the node's robot topics (`RobotLink`: JointState + Imu in, joint position
+targets out; the node runs with observation_type 'terms'). The Unitree G1:
+
+  ros2 run flashrt_ros policy_node --ros-args --params-file config/g1.yaml \
+      -p policy_file:=<robot_dir>/motion.pt
+  ros2 run flashrt_ros episode_runner --ros-args --params-file config/g1.yaml \
+      -p mjcf_path:=<robot_dir>/scene.xml
+
+(g1.yaml: a snapshot at 10 s of walking, 3 branches pushed sideways by -0.5, 0, +0.5 m/s.)
 """
+from functools import partial
 import math
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
 import rclpy
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import Float32MultiArray, Float64MultiArray
 
 from flashrt_ros.client import PolicyClient, spin_in_thread
-from flashrt_ros.sim import MujocoWorld, World
+from flashrt_ros.robot_world import RobotWorld
+from flashrt_ros.sim import MujocoWorld, robot_messages, robot_world_from_parameters, World
 
 POLICY_CAPSULE = 'runner_branch_point'
 WORLD_SNAPSHOT = 'branch_point'
@@ -50,6 +66,8 @@ class GazeboWorld(World):
     Snapshots hold entity poses and twists: the simulation interfaces expose no full physics
     state, so a Gazebo restore is not bit-exact (the MuJoCo world's is).
     """
+
+    columns = ('x', 'theta')
 
     def __init__(self, node, prefix='/gzserver', world='default', joints=('slider', 'hinge'),
                  joint_state_topic='/joint_states', command_topic='/cartpole/cmd_force',
@@ -188,11 +206,102 @@ class GazeboWorld(World):
         return self.observation().tobytes()
 
 
-class EpisodeRunner:
-    """Coordinates a World and a policy node (through a PolicyClient)."""
+def observation_link(client):
+    """The flat link: the world's observation on the node's ~/observation, its ~/action back
+    (PolicyClient.step); the action is also what drives the world."""
+    def act(world, obs):
+        action = client.step([float(v) for v in np.asarray(obs, dtype=np.float32)])
+        return action, action
+    return act
 
-    def __init__(self, world, client, seed=0, log=print):
+
+class RobotLink:
+    """A policy node with observation_type 'terms' (e.g. config/g1.yaml) driving an in-process
+    RobotWorld. A step publishes the world's readings (sensor_msgs/JointState and Imu stamped
+    with the simulation time, as the flashrt_sim mjcf world publishes them) on the node's
+    ~/joint_states and ~/imu, and returns (raw action from ~/action, joint position targets from
+    ~/joint_commands); the targets drive the world, so the node's joint_names order must be the
+    world's joint order (as for the flashrt_sim world).
+
+    The node steps once per stamp (lockstep), so unanswered readings are sent again every
+    `resend` seconds (never a second step) until `timeout`. Readings with the stamp the node
+    last stepped on would get no answer at all: the link refuses them with the reason (only a
+    restore back to exactly that stamp does that, e.g. branches of one step).
+    """
+
+    def __init__(self, node, policy='/flashrt_policy', timeout=10.0, resend=1.0,
+                 qos_depth=100):
+        from sensor_msgs.msg import Imu, JointState
+        self.node, self.policy = node, policy.rstrip('/')
+        self.timeout, self.resend = timeout, resend
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=qos_depth,
+                         reliability=ReliabilityPolicy.RELIABLE)
+        self._pubs = [node.create_publisher(JointState, f'{self.policy}/joint_states', qos),
+                      node.create_publisher(Imu, f'{self.policy}/imu', qos)]
+        self._received = {'action': [], 'joint_commands': []}
+        self._cond = threading.Condition()
+        self._subs = [node.create_subscription(msg_type, f'{self.policy}/{topic}',
+                                               partial(self._on, topic), qos)
+                      for topic, msg_type in (('action', Float32MultiArray),
+                                              ('joint_commands', Float64MultiArray))]
+        self._stepped = None        # stamp of the readings the node last answered
+
+    def _on(self, topic, msg):
+        with self._cond:
+            self._received[topic].append(list(msg.data))
+            self._cond.notify_all()
+
+    def wait_ready(self, client, timeout=60.0, settle=0.5):
+        """Waits for the node's services (those of `client`, a PolicyClient) and for this
+        link's topics to be matched with the node's, then `settle` seconds: the node's side of
+        a match may come later, and a command sent before it would be lost (the node answers
+        a stamp once)."""
+        deadline = time.monotonic() + timeout
+        for name, service in client.clients.items():
+            if not service.wait_for_service(timeout_sec=max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f'service {self.policy}/{name} did not appear')
+        while not (all(p.get_subscription_count() for p in self._pubs) and
+                   all(s.get_publisher_count() for s in self._subs)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'{self.policy}: ~/joint_states, ~/imu, ~/action and '
+                                   '~/joint_commands are not all connected: is the node active, '
+                                   "with observation_type 'terms' and control_mode 'lockstep'?")
+            time.sleep(0.01)
+        time.sleep(settle)
+
+    def __call__(self, world, obs):
+        messages = robot_messages(world)[:2]
+        stamp = (messages[0].header.stamp.sec, messages[0].header.stamp.nanosec)
+        if stamp == self._stepped:
+            raise RuntimeError(
+                f'readings at {stamp[0] + 1e-9 * stamp[1]:.3f} s again: the policy node steps '
+                'once per stamp (lockstep) and already stepped on this one; a branch must run '
+                'at least 2 steps')
+        with self._cond:
+            seen = {topic: len(values) for topic, values in self._received.items()}
+        answered = (lambda: all(len(v) > seen[t] for t, v in self._received.items()))
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            while not answered():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f'no ~/action and ~/joint_commands from {self.policy} '
+                                       f'within {self.timeout} s')
+                for pub, msg in zip(self._pubs, messages):
+                    pub.publish(msg)
+                self._cond.wait_for(answered, min(left, self.resend))
+            self._stepped = stamp
+            return (self._received['action'][seen['action']],
+                    self._received['joint_commands'][seen['joint_commands']])
+
+
+class EpisodeRunner:
+    """Coordinates a World and a policy node (through a PolicyClient; `link`: how a step
+    reaches the node, default observation_link(client), RobotLink for a robot world)."""
+
+    def __init__(self, world, client, seed=0, log=print, link=None):
         self.world, self.client, self.seed, self.log = world, client, seed, log
+        self.link = link or observation_link(client)
         self.checks = []
         self.reset_us = []          # (world us, policy round-trip us)
         self.branch_us = []         # restore world + policy, us
@@ -218,14 +327,15 @@ class EpisodeRunner:
         return obs
 
     def act(self, obs):
-        return self.client.step([float(v) for v in np.asarray(obs, dtype=np.float32)])
+        """(the policy's action, what drives the world) for the world's current step."""
+        return self.link(self.world, obs)
 
     def rollout(self, obs, steps):
         """steps control steps from obs: (actions, world states, rewards, last obs)."""
         actions, states, rewards = [], [], []
         for _ in range(steps):
-            action = self.act(obs)
-            obs, reward = self.world.step(action)
+            action, command = self.act(obs)
+            obs, reward = self.world.step(command)
             actions.append(action)
             states.append(self.world.state_bytes())
             rewards.append(reward)
@@ -255,6 +365,9 @@ class EpisodeRunner:
         obs = self.reset()
         prefix = self.rollout(obs, branch_at)
         self.snapshot()
+        when = getattr(self.world, 'sim_time', None)
+        self.log(f'snapshot of world and policy at step {branch_at}' +
+                 (f' (world time {when:.2f} s)' if when is not None else ''))
         main = self.rollout(prefix[3], tail)
         results = [self.branch(i, tail, pushes[i], noise_std) for i in range(branches)]
 
@@ -285,13 +398,14 @@ class EpisodeRunner:
     def report(self, prefix, main, results, pushes):
         head = sum(prefix[2])
         self.log('\nreturns (sum of rewards over the episode)')
-        self.log(f'  {"run":<12}{"push m/s":>10}{"return":>12}{"final x":>10}{"final th":>10}')
+        first, second = (f'final {c}' for c in self.world.columns)
+        self.log(f'  {"run":<12}{"push m/s":>10}{"return":>12}{first:>14}{second:>14}')
         rows = [('main', 0.0, main)] + [(f'branch {i}', pushes[i], r)
                                         for i, r in enumerate(results)]
         for label, push, run in rows:
             last = run[3]
             self.log(f'  {label:<12}{push:>10.2f}{head + sum(run[2]):12.3f}'
-                     f'{last[0]:10.3f}{last[1]:10.3f}')
+                     f'{last[0]:14.3f}{last[1]:14.3f}')
         warm = self.reset_us[1:] or self.reset_us     # the first call also pays discovery
         world = [w for w, _ in warm]
         policy = [p for _, p in warm]
@@ -308,7 +422,7 @@ class EpisodeRunner:
 
 PARAMETERS = {
     'policy': '/flashrt_policy',
-    'world': 'mujoco',          # mujoco | gazebo
+    'world': 'mujoco',          # mujoco | gazebo | mjcf (+ the mjcf world's parameters)
     'steps': 200,
     'branch_at': 50,
     'branches': 4,
@@ -330,32 +444,54 @@ def make_world(kind, node, params):
     if kind == 'gazebo':
         return GazeboWorld(node, prefix=params['gazebo_prefix'], world=params['gazebo_world'],
                            action_scale=10.0 * params['action_scale'])
-    raise ValueError(f"parameter 'world' = {kind!r}: must be 'mujoco' or 'gazebo'")
+    if kind == 'mjcf':
+        return robot_world_from_parameters(node)
+    raise ValueError(f"parameter 'world' = {kind!r}: must be 'mujoco', 'gazebo' or 'mjcf'")
+
+
+def connect(world, node, params):
+    """(PolicyClient, link) to the policy node, once its services and topics are connected."""
+    client = PolicyClient(node, params['policy'], timeout=params['timeout'])
+    if not isinstance(world, RobotWorld):
+        client.wait_ready(timeout=60.0)
+        return client, None
+    link = RobotLink(node, params['policy'], timeout=params['timeout'])
+    link.wait_ready(client, timeout=60.0)
+    return client, link
+
+
+def declare_parameters(node):
+    """Declares PARAMETERS on the runner's node; returns their values."""
+    for name, default in PARAMETERS.items():
+        node.declare_parameter(name, default)
+    return {name: node.get_parameter(name).value for name in PARAMETERS}
+
+
+def run_episodes(node, params, log=print):
+    """Builds the world, connects to the policy node and runs (node: spun elsewhere, with
+    declare_parameters' values in params). Returns (EpisodeRunner, all checks held)."""
+    world = make_world(params['world'], node, params)
+    client, link = connect(world, node, params)
+    log(f'flashrt_ros episode runner: {params["world"]} world (obs_dim {world.obs_dim}, '
+        f'act_dim {world.act_dim}), policy {params["policy"]}')
+    runner = EpisodeRunner(world, client, seed=params['seed'], log=log, link=link)
+    ok = runner.run(steps=params['steps'], branch_at=params['branch_at'],
+                    branches=params['branches'], push=params['push'],
+                    noise_std=params['noise_std'], resets=params['resets'])
+    return runner, ok
 
 
 def main(args=None):
     rclpy.init(args=args)
     node = rclpy.create_node('flashrt_episode_runner')
-    for name, default in PARAMETERS.items():
-        node.declare_parameter(name, default)
-    params = {name: node.get_parameter(name).value for name in PARAMETERS}
+    params = declare_parameters(node)
     executor = spin_in_thread(node)
     ok = False
     try:
-        world = make_world(params['world'], node, params)
-        client = PolicyClient(node, params['policy'], timeout=params['timeout'])
-        client.wait_ready(timeout=60.0)
-        print(f'flashrt_ros episode runner: {params["world"]} world (obs_dim {world.obs_dim}, '
-              f'act_dim {world.act_dim}), policy {params["policy"]} (run it with '
-              f'-p obs_dim:={world.obs_dim} -p act_dim:={world.act_dim})', flush=True)
-        runner = EpisodeRunner(world, client, seed=params['seed'],
-                               log=lambda s: print(s, flush=True))
-        ok = runner.run(steps=params['steps'], branch_at=params['branch_at'],
-                        branches=params['branches'], push=params['push'],
-                        noise_std=params['noise_std'], resets=params['resets'])
+        ok = run_episodes(node, params, log=lambda s: print(s, flush=True))[1]
     except (TimeoutError, RuntimeError, ValueError) as exc:
         print(f'episode runner failed: {exc}', file=sys.stderr)
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, TimeoutError) and params['world'] != 'mjcf':
             print('(does the policy node run with obs_dim = the world\'s observation size and '
                   'act_dim = 1?)', file=sys.stderr)
     finally:

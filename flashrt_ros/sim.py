@@ -83,10 +83,12 @@ class World:
     reset(seed) -> obs; step(action) -> (obs, reward); snapshot(name); restore(name) -> obs;
     perturb(push, noise_seed, noise_std): a branch's what-if (an initial push on the robot,
     an observation-noise stream); state_bytes(): the physics state for trajectory checks.
+    columns: what obs[0] and obs[1] are, for the episode runner's report.
     """
 
     obs_dim = 0
     act_dim = 0
+    columns = ('obs[0]', 'obs[1]')
 
     def reset(self, seed=0):
         raise NotImplementedError
@@ -170,6 +172,8 @@ class MujocoWorld(MujocoSnapshots):
     action: one value, scaled by `action_scale` and clipped to the actuator's control range,
     held for `frame_skip` physics steps. reward: cos(theta) - 0.01 x^2 (1 when upright).
     """
+
+    columns = ('x', 'theta')
 
     def __init__(self, xml=CARTPOLE_XML, frame_skip=2, action_scale=1.0):
         require_mujoco()
@@ -266,6 +270,63 @@ def _stamp(seconds):
     return Time(sec=sec, nanosec=nanosec)
 
 
+def robot_messages(world):
+    """(JointState, Imu, PoseStamped) of a RobotWorld's current readings, stamped with its
+    simulation time: what the mjcf world publishes, and what the episode runner sends a
+    policy node for an in-process robot (see the module docstring for the fields)."""
+    from geometry_msgs.msg import PoseStamped
+    from sensor_msgs.msg import Imu, JointState
+    stamp = _stamp(world.sim_time)
+    names, q, dq, tau = world.joint_state()
+    js = JointState()
+    js.header.stamp = stamp
+    js.name = names
+    js.position = array.array('d', q.tobytes())
+    js.velocity = array.array('d', dq.tobytes())
+    js.effort = array.array('d', tau.tobytes())
+    quat, gyro, acc = (v.tolist() for v in world.imu())
+    imu = Imu()
+    imu.header.stamp, imu.header.frame_id = stamp, world.base_body
+    o = imu.orientation
+    o.w, o.x, o.y, o.z = quat
+    imu.angular_velocity.x, imu.angular_velocity.y, imu.angular_velocity.z = gyro
+    a = imu.linear_acceleration
+    a.x, a.y, a.z = acc
+    pose = PoseStamped()
+    pose.header.stamp, pose.header.frame_id = stamp, 'world'
+    p = pose.pose.position
+    p.x, p.y, p.z = world.base_position().tolist()
+    pose.pose.orientation = o
+    return js, imu, pose
+
+
+ROBOT_PARAMETERS = ('mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 'sim_dt',
+                    'decimation', 'clip_targets')
+
+
+def robot_world_from_parameters(node):
+    """Declares the mjcf world's parameters (ROBOT_PARAMETERS, see the module docstring) on a
+    node and builds its RobotWorld: the flashrt_sim node's world, or the episode runner's."""
+    from rcl_interfaces.msg import ParameterDescriptor
+
+    from flashrt_ros.robot_world import RobotWorld
+    # Dynamically typed, so YAML integers (kps: [100, ...]) are accepted as well.
+    free = ParameterDescriptor(dynamic_typing=True)
+    for name in ('kps', 'kds', 'default_angles', 'joint_names'):
+        node.declare_parameter(name, None, free)
+    node.declare_parameter('mjcf_path', '')
+    node.declare_parameter('sim_dt', 0.0)
+    node.declare_parameter('decimation', 1)
+    node.declare_parameter('clip_targets', True)
+    v = {name: node.get_parameter(name).value for name in ROBOT_PARAMETERS}
+    missing = [k for k in ('mjcf_path', 'kps', 'kds', 'default_angles') if not v[k]]
+    if missing:
+        raise ValueError(f"world 'mjcf' needs the parameters {', '.join(missing)}")
+    return RobotWorld(v['mjcf_path'], v['kps'], v['kds'], v['default_angles'],
+                      sim_dt=v['sim_dt'], decimation=v['decimation'],
+                      joint_names=v['joint_names'] or None, clip_targets=v['clip_targets'])
+
+
 class _RobotTopics:
     """The mjcf world's robot topics on a node: ~/joint_commands in; ~/joint_states, ~/imu,
     ~/base_pose out (see the module docstring)."""
@@ -275,7 +336,6 @@ class _RobotTopics:
         from sensor_msgs.msg import Imu, JointState
         from std_msgs.msg import Float64MultiArray
         self.world = world
-        self.types = JointState, Imu, PoseStamped
         self.joint_pub = node.create_publisher(JointState, '~/joint_states', qos)
         self.imu_pub = node.create_publisher(Imu, '~/imu', qos)
         self.pose_pub = node.create_publisher(PoseStamped, '~/base_pose', qos)
@@ -283,32 +343,9 @@ class _RobotTopics:
                                  callback_group=group)
 
     def publish(self):
-        JointState, Imu, PoseStamped = self.types
-        w = self.world
-        stamp = _stamp(w.sim_time)
-        names, q, dq, tau = w.joint_state()
-        js = JointState()
-        js.header.stamp = stamp
-        js.name = names
-        js.position = array.array('d', q.tobytes())
-        js.velocity = array.array('d', dq.tobytes())
-        js.effort = array.array('d', tau.tobytes())
-        self.joint_pub.publish(js)
-        quat, gyro, acc = (v.tolist() for v in w.imu())
-        imu = Imu()
-        imu.header.stamp, imu.header.frame_id = stamp, w.base_body
-        o = imu.orientation
-        o.w, o.x, o.y, o.z = quat
-        imu.angular_velocity.x, imu.angular_velocity.y, imu.angular_velocity.z = gyro
-        a = imu.linear_acceleration
-        a.x, a.y, a.z = acc
-        self.imu_pub.publish(imu)
-        pose = PoseStamped()
-        pose.header.stamp, pose.header.frame_id = stamp, 'world'
-        p = pose.pose.position
-        p.x, p.y, p.z = w.base_position().tolist()
-        pose.pose.orientation = o
-        self.pose_pub.publish(pose)
+        pubs = (self.joint_pub, self.imu_pub, self.pose_pub)
+        for pub, msg in zip(pubs, robot_messages(self.world)):
+            pub.publish(msg)
 
 
 def make_sim_node(node_name='flashrt_sim', **kwargs):
@@ -333,7 +370,7 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
                 self.world = MujocoWorld(frame_skip=p('frame_skip').value,
                                          action_scale=p('action_scale').value)
             elif kind == 'mjcf':
-                self.world = self._robot_world()
+                self.world = robot_world_from_parameters(self)
             else:
                 raise ValueError(f"parameter world must be 'cartpole' or 'mjcf', got {kind!r}")
             self.world.reset(p('seed').value)
@@ -368,29 +405,6 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
             self.get_logger().info(
                 f'MuJoCo {mujoco.__version__} {what}: obs_dim {self.world.obs_dim}, '
                 f'act_dim {self.world.act_dim}, state {self.world.state_size * 8} bytes')
-
-        def _robot_world(self):
-            from rcl_interfaces.msg import ParameterDescriptor
-
-            from flashrt_ros.robot_world import RobotWorld
-            # Dynamically typed, so YAML integers (kps: [100, ...]) are accepted as well.
-            free = ParameterDescriptor(dynamic_typing=True)
-            for name in ('kps', 'kds', 'default_angles', 'joint_names'):
-                self.declare_parameter(name, None, free)
-            self.declare_parameter('mjcf_path', '')
-            self.declare_parameter('sim_dt', 0.0)
-            self.declare_parameter('decimation', 1)
-            self.declare_parameter('clip_targets', True)
-            v = {name: self.get_parameter(name).value for name in (
-                'mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 'sim_dt',
-                'decimation', 'clip_targets')}
-            missing = [k for k in ('mjcf_path', 'kps', 'kds', 'default_angles') if not v[k]]
-            if missing:
-                raise ValueError(f"world 'mjcf' needs the parameters {', '.join(missing)}")
-            return RobotWorld(v['mjcf_path'], v['kps'], v['kds'], v['default_angles'],
-                              sim_dt=v['sim_dt'], decimation=v['decimation'],
-                              joint_names=v['joint_names'] or None,
-                              clip_targets=v['clip_targets'])
 
         def _republish(self):
             with self.lock:

@@ -1,10 +1,16 @@
 """A Unitree G1 walks in MuJoCo through the policy node: node and world in separate processes,
-over ROS (Fast DDS), with the real upstream model and pretrained policy (../shared/robots)."""
+over ROS (Fast DDS), with the real upstream model and pretrained policy (../shared/robots).
+
+Also on the G1: the episode runner's what-if branches from a world + policy snapshot at 10 s,
+and the node killed with SIGKILL mid-walk, restarted with restore_on_start: latest.
+"""
+from functools import partial
 import math
 import os
 import pathlib
 import signal
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -13,19 +19,25 @@ import pytest
 rclpy = pytest.importorskip('rclpy', reason='needs rclpy (ROS 2 Jazzy): run tools/test.sh')
 import torch  # noqa: E402
 from geometry_msgs.msg import PoseStamped  # noqa: E402
+from lifecycle_msgs.msg import Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState  # noqa: E402
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Imu, JointState  # noqa: E402
-from std_msgs.msg import Float32MultiArray  # noqa: E402
-from std_srvs.srv import Trigger  # noqa: E402
+from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
 
 from flashrt_ros.client import spin_in_thread  # noqa: E402
+from flashrt_ros.episode_runner import declare_parameters, run_episodes  # noqa: E402
+from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
+G1_YAML = ROOT / 'config' / 'g1.yaml'
 pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
                                 reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
                                 'absent in a fresh clone)')
 DEFAULT = np.array([-0.1, 0.0, 0.0, 0.3, -0.2, 0.0, -0.1, 0.0, 0.0, 0.3, -0.2, 0.0])
+STEPS_20S = 1000        # policy steps in 20 s at 50 Hz
+FIRST_STAMP = 20_000_000    # ns: the world's first readings, after one period at the defaults
 
 
 def _executable(name):
@@ -35,9 +47,25 @@ def _executable(name):
 
 
 def _start(name, args, log):
-    cmd = [_executable(name), '--ros-args', '--params-file', str(ROOT / 'config' / 'g1.yaml'),
-           *args]
+    cmd = [_executable(name), '--ros-args', '--params-file', str(G1_YAML), *args]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _policy_args(tmp_path, *extra):
+    return ['-p', f'policy_file:={ROBOT / "motion.pt"}', '-p', 'device:=cpu',
+            '-p', f'capsule_dir:={tmp_path / "capsules"}', *extra]
+
+
+def _wait(condition, seconds, procs, what):
+    """Polls condition() until true; raises (never an AssertionError) on timeout or when one
+    of procs exited, so that an xfail(raises=AssertionError) never hides a broken set-up."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f'a node exited while waiting for {what}; see the logs')
+        if time.monotonic() > deadline:
+            raise TimeoutError(f'{what}: not within {seconds} s; see the logs')
+        time.sleep(0.02)
 
 
 def reference_observation(k, joint_state, imu, last_action):
@@ -57,84 +85,308 @@ def reference_observation(k, joint_state, imu, last_action):
     return obs
 
 
+def reference_actions(readings):
+    """motion.pt run directly (no_grad), without a break, on the world's readings in order:
+    the uninterrupted policy's actions."""
+    reference = torch.jit.load(str(ROBOT / 'motion.pt'))
+    last, out = np.zeros(12, dtype=np.float32), []
+    for k, (joint_state, imu) in enumerate(readings):
+        obs = reference_observation(k, joint_state, imu, last)
+        with torch.no_grad():
+            last = reference(torch.from_numpy(obs).unsqueeze(0)).numpy().reshape(-1)
+        out.append(last)
+    return out
+
+
+def _stamp(msg):
+    return msg.header.stamp.sec * 10 ** 9 + msg.header.stamp.nanosec
+
+
+class Hub:
+    """This test's node on the G1's topics. Records the world's readings and base poses by
+    stamp (the world re-sends unanswered readings with the same stamp: the first copy is kept)
+    and the node's raw actions in order. With relay=True it also stands between world and
+    node: readings go on to the node (/g1_relay/joint_states, /g1_relay/imu) only while
+    `open`; the node's commands (/g1_relay/joint_commands) wait in `inbox` until the test
+    forwards them to the world (`forward`), so the test decides what the world receives and
+    when the node may step."""
+
+    def __init__(self, relay=False):
+        self.node = rclpy.create_node('g1_test_hub')
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5000,
+                         reliability=ReliabilityPolicy.RELIABLE)
+        self.joints, self.imus, self.poses, self.actions, self.inbox = {}, {}, {}, [], []
+        self.open, self.taken, self.cond = False, 0, threading.Condition()
+        self.out = {}
+        if relay:
+            self.out = {JointState: self.node.create_publisher(
+                JointState, '/g1_relay/joint_states', qos), Imu: self.node.create_publisher(
+                Imu, '/g1_relay/imu', qos)}
+            self.commands_in = self.node.create_subscription(
+                Float64MultiArray, '/g1_relay/joint_commands', self._command, qos)
+            self.commands_out = self.node.create_publisher(
+                Float64MultiArray, '/flashrt_sim/joint_commands', qos)
+
+        def sub(msg_type, topic, store, value):
+            self.node.create_subscription(msg_type, f'/flashrt_sim/{topic}',
+                                          partial(self._reading, store, value), qos)
+        sub(JointState, 'joint_states', self.joints, lambda m: (
+            list(m.name), np.array(m.position), np.array(m.velocity)))
+        sub(Imu, 'imu', self.imus, lambda m: (
+            (m.orientation.x, m.orientation.y, m.orientation.z, m.orientation.w),
+            (m.angular_velocity.x, m.angular_velocity.y, m.angular_velocity.z)))
+        sub(PoseStamped, 'base_pose', self.poses, lambda m: (
+            m.pose.position.x, m.pose.position.y, m.pose.position.z))
+        self.action_sub = self.node.create_subscription(
+            Float32MultiArray, '/flashrt_policy/action',
+            lambda m: self.actions.append(np.array(m.data, dtype=np.float32)), qos)
+        self.executor = spin_in_thread(self.node)
+
+    def _reading(self, store, value, msg):
+        store.setdefault(_stamp(msg), value(msg))
+        if self.open and type(msg) in self.out:
+            self.out[type(msg)].publish(msg)
+
+    def _command(self, msg):
+        with self.cond:
+            self.inbox.append(msg)
+            self.cond.notify_all()
+
+    def next_command(self, procs, seconds=60.0):
+        """The node's next command, in order of arrival."""
+        _wait(lambda: len(self.inbox) > self.taken, seconds, procs, 'the next joint command')
+        self.taken += 1
+        return self.inbox[self.taken - 1]
+
+    def forward(self, command):
+        self.commands_out.publish(command)
+
+    def open_when_matched(self, procs):
+        """Lets readings through once this hub's own endpoints are matched with the (new)
+        policy node's, then a moment for the node's side of the matching: its first command
+        must not go out before this hub listens (lock-step would wait for it forever)."""
+        _wait(lambda: self.commands_in.get_publisher_count() >= 1 and all(
+            p.get_subscription_count() >= 1 for p in self.out.values()), 120, procs,
+            'the policy node matched to the relay')
+        time.sleep(0.5)
+        self.open = True
+
+    def readings(self, n):
+        """The world's first n readings (joint state, IMU), in stamp order."""
+        stamps = sorted(self.joints)[:n]
+        return [(self.joints[s], self.imus[s]) for s in stamps]
+
+    def walked(self, n):
+        """(forward distance, lowest pelvis height) over the world's first n readings."""
+        xyz = np.array([self.poses[s] for s in sorted(self.poses)[:n]])
+        return xyz[-1, 0] - xyz[0, 0], xyz[:, 2].min()
+
+    def close(self):
+        self.executor.shutdown()
+        self.node.destroy_node()
+
+
+def _stop(*procs):
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _transition(node, transition_id, procs):
+    """A lifecycle transition of the policy node (started with autostart:=false)."""
+    client = node.create_client(ChangeState, '/flashrt_policy/change_state')
+    _wait(client.service_is_ready, 120, procs, 'the policy node up (see nodes.log)')
+    future = client.call_async(ChangeState.Request(transition=Transition(id=transition_id)))
+    _wait(future.done, 60, procs, f'lifecycle transition {transition_id}')
+    assert future.result().success, f'lifecycle transition {transition_id} failed'
+
+
 def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
     log = open(tmp_path / 'nodes.log', 'w')
-    # no re-sends: the loop starts when this test calls ~/reset, once everyone is connected
+    # The world re-sends unanswered readings; the walk starts when this test activates the
+    # node, once this test listens to everything and the node's command publisher has been
+    # out for a while (a command the world missed would stop the lock-step loop for good).
     sim = _start('sim_node', ['-p', f'mjcf_path:={ROBOT / "scene.xml"}',
-                              '-p', 'republish_period:=0.0', '-r', '__node:=flashrt_sim'], log)
-    policy = _start('policy_node', [
-        '-p', f'policy_file:={ROBOT / "motion.pt"}', '-p', 'device:=cpu',
-        '-p', f'capsule_dir:={tmp_path / "capsules"}',
-        '-r', '~/joint_states:=/flashrt_sim/joint_states', '-r', '~/imu:=/flashrt_sim/imu',
-        '-r', '~/joint_commands:=/flashrt_sim/joint_commands'], log)
+                              '-p', 'republish_period:=0.2', '-r', '__node:=flashrt_sim'], log)
+    policy = _start('policy_node', _policy_args(
+        tmp_path, '-p', 'autostart:=false', '-r', '~/joint_states:=/flashrt_sim/joint_states',
+        '-r', '~/imu:=/flashrt_sim/imu', '-r', '~/joint_commands:=/flashrt_sim/joint_commands'),
+        log)
     rclpy.init()
-    node = rclpy.create_node('g1_recorder')
-    qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5000,
-                     reliability=ReliabilityPolicy.RELIABLE)
-    joints, imus, poses, actions = {}, {}, {}, []
-
-    def stamp(msg):
-        return msg.header.stamp.sec * 10 ** 9 + msg.header.stamp.nanosec
-
-    # republished readings carry the same stamp: keyed by stamp, the first copy kept
-    node.create_subscription(JointState, '/flashrt_sim/joint_states', lambda m: joints.setdefault(
-        stamp(m), (list(m.name), np.array(m.position), np.array(m.velocity))), qos)
-    node.create_subscription(Imu, '/flashrt_sim/imu', lambda m: imus.setdefault(stamp(m), (
-        (m.orientation.x, m.orientation.y, m.orientation.z, m.orientation.w),
-        (m.angular_velocity.x, m.angular_velocity.y, m.angular_velocity.z))), qos)
-    node.create_subscription(PoseStamped, '/flashrt_sim/base_pose', lambda m: poses.setdefault(
-        stamp(m), (m.pose.position.x, m.pose.position.y, m.pose.position.z)), qos)
-    node.create_subscription(Float32MultiArray, '/flashrt_policy/action',
-                             lambda m: actions.append(np.array(m.data, dtype=np.float32)), qos)
-    executor = spin_in_thread(node)
-    reset = node.create_client(Trigger, '/flashrt_sim/reset')
+    hub = Hub()
+    procs = (sim, policy)
     try:
-        # every endpoint matched before the first reading, so no message is missed
-        deadline = time.monotonic() + 120
-        while not (node.count_subscribers('/flashrt_sim/joint_states') >= 2
-                   and node.count_subscribers('/flashrt_sim/imu') >= 2
-                   and node.count_publishers('/flashrt_sim/joint_commands') >= 1
-                   and node.count_publishers('/flashrt_policy/action') >= 1
-                   and reset.service_is_ready()):
-            assert time.monotonic() < deadline, 'nodes did not come up; see nodes.log'
-            assert sim.poll() is None and policy.poll() is None, 'a node exited; see nodes.log'
-            time.sleep(0.1)
-        time.sleep(1.0)     # the graph shows endpoints slightly before data flows to them
-        assert reset.call_async(Trigger.Request()) is not None
-        deadline = time.monotonic() + 240
-        while (not poses or max(poses) < 20.0e9) and time.monotonic() < deadline:
-            assert sim.poll() is None and policy.poll() is None, 'a node exited; see nodes.log'
-            time.sleep(0.05)
-        assert poses and max(poses) >= 20.0e9, f'the walk did not reach 20 s ({len(poses)})'
+        _transition(hub.node, Transition.TRANSITION_CONFIGURE, procs)
+        _wait(lambda: FIRST_STAMP in hub.joints and FIRST_STAMP in hub.imus and FIRST_STAMP in
+              hub.poses and hub.action_sub.get_publisher_count() >= 1, 120, procs,
+              'the world and the policy node matched (see nodes.log)')
+        time.sleep(1.0)
+        _transition(hub.node, Transition.TRANSITION_ACTIVATE, procs)
+        # 20 s: the readings at 20.00 s and the policy's answer to them
+        _wait(lambda: len(hub.actions) >= STEPS_20S, 240, procs,
+              f'the walk reaching 20 s ({len(hub.poses)} readings so far)')
         policy.send_signal(signal.SIGINT)       # the lock-step loop stops with the policy
         policy.wait(timeout=30)
         time.sleep(0.5)
     finally:
-        for proc in (sim, policy):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        executor.shutdown()
-        node.destroy_node()
+        _stop(sim, policy)
+        hub.close()
         rclpy.try_shutdown()
-    stamps = sorted(joints)
-    xyz = np.array([poses[s] for s in stamps if s in poses])
-    distance, low = xyz[-1, 0] - xyz[0, 0], xyz[:, 2].min()
-    print(f'G1 through the node: {len(actions)} policy steps, {stamps[-1] / 1e9:.2f} s, '
+    stamps = sorted(hub.joints)
+    distance, low = hub.walked(STEPS_20S)
+    print(f'G1 through the node: {len(hub.actions)} policy steps, {stamps[-1] / 1e9:.2f} s, '
           f'{distance:.3f} m forward, pelvis min {low:.4f} m')
     if os.environ.get('FLASHRT_G1_LOG'):     # for scripts/plot_walk.py --log (README picture)
         with open(os.environ['FLASHRT_G1_LOG'], 'w') as f:
             f.write('time,x,y,z\n')
-            f.writelines(f'{s / 1e9},{x},{y},{z}\n' for s, (x, y, z) in sorted(poses.items()))
+            f.writelines(f'{s / 1e9},{x},{y},{z}\n' for s, (x, y, z) in sorted(hub.poses.items()))
     assert low > 0.5 and distance >= 8.0
     # every published action equals motion.pt run directly on the world's readings
-    reference = torch.jit.load(str(ROBOT / 'motion.pt'))
-    last = np.zeros(12, dtype=np.float32)
-    assert len(actions) >= 1000
-    for k, action in enumerate(actions):
-        obs = reference_observation(k, joints[stamps[k]], imus[stamps[k]], last)
-        with torch.no_grad():
-            expected = reference(torch.from_numpy(obs).unsqueeze(0)).numpy().reshape(-1)
-        assert np.array_equal(action, expected), \
-            f'step {k}: max abs diff {np.abs(action - expected).max()}'
-        last = expected
+    expected = reference_actions(hub.readings(len(hub.actions)))
+    assert len(expected) == len(hub.actions)
+    for k, (action, want) in enumerate(zip(hub.actions, expected)):
+        assert np.array_equal(action, want), \
+            f'step {k}: max abs diff {np.abs(action - want).max()}'
+
+
+def test_g1_episode_runner_what_ifs_from_10_s(tmp_path):
+    """The episode runner (config/g1.yaml: its world in this process, the policy node in its
+    own) snapshots world + policy after 10 s of walking, runs 3 branches pushed sideways by
+    -0.5, 0 and +0.5 m/s, replays each bit for bit, and an episode reset walks the first 10 s
+    again bit for bit."""
+    log = open(tmp_path / 'policy.log', 'w')
+    policy = _start('policy_node', _policy_args(tmp_path), log)
+    rclpy.init(args=['--ros-args', '--params-file', str(G1_YAML),
+                     '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'timeout:=60.0'])
+    node = rclpy.create_node('flashrt_episode_runner')
+    params = declare_parameters(node)
+    executor = spin_in_thread(node)
+    lines = []
+    try:
+        runner, ok = run_episodes(node, params, log=lines.append)
+    finally:
+        _stop(policy)
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    print('\n'.join(lines))
+    assert ok, [c for c in runner.checks if not c[1]]
+    assert len(runner.checks) == 5      # 3 replays, independence, episode reset
+    assert params['branch_at'] == 500 and params['branches'] == 3
+    assert 'snapshot of world and policy at step 500 (world time 10.02 s)' in lines
+    finals = [r[3] for r in runner.results]         # obs = qpos, qvel: base x, y, z first
+    assert all(f[2] > 0.5 for f in finals), [f[2] for f in finals]     # still walking
+    assert finals[0][1] < finals[1][1] < finals[2][1], [f[1] for f in finals]  # pushed aside
+    assert len(runner.reset_us) == params['resets']
+
+
+def walk_with_kills(tmp_path, steps, kills):
+    """The G1 walks `steps` policy steps, node and world in their own processes, this test's
+    Hub relaying readings and commands; the world re-sends unanswered readings every 0.2 s.
+    The node checkpoints every step to disk and starts with restore_on_start: latest. When
+    the command answering the world's readings j arrives, j in kills, the node gets SIGKILL
+    (it waits idle: its checkpoint j is written, its command is in the relay) and restarts:
+      'after'   the command goes on to the world (the kill landed after it left the node);
+      'before'  the command is dropped and checkpoint j deleted (the kill landed before
+                checkpoint j was written: the world waits at readings j, the newest
+                checkpoint is j - 1);
+      'between' the command is dropped, checkpoint j kept (the kill landed after the
+                checkpoint was written, before the command reached the world).
+    Returns (hub, the commands the world received in order, each node process's log)."""
+    capsules, kills = tmp_path / 'capsules', dict(kills)
+    sim = _start('sim_node', ['-p', f'mjcf_path:={ROBOT / "scene.xml"}',
+                              '-p', 'republish_period:=0.2', '-r', '__node:=flashrt_sim'],
+                 open(tmp_path / 'world.log', 'w'))
+    args = _policy_args(tmp_path, '-p', 'checkpoint_every:=1', '-p', 'checkpoint_to_disk:=true',
+                        '-p', 'restore_on_start:=latest',
+                        '-r', '~/joint_states:=/g1_relay/joint_states',
+                        '-r', '~/imu:=/g1_relay/imu',
+                        '-r', '~/joint_commands:=/g1_relay/joint_commands')
+    logs, procs = [], [sim]
+
+    def start_policy():
+        logs.append(tmp_path / f'policy{len(logs)}.log')
+        procs.append(_start('policy_node', args, open(logs[-1], 'w')))
+        hub.open_when_matched(procs[-1:])
+
+    rclpy.init()
+    hub = Hub(relay=True)
+    world_got = []
+    try:
+        _wait(lambda: FIRST_STAMP in hub.joints and FIRST_STAMP in hub.imus and
+              hub.commands_out.get_subscription_count() >= 1, 120, procs, 'the world up')
+        start_policy()
+        while len(world_got) < steps:
+            command = hub.next_command(procs[-1:])
+            how = kills.pop(len(world_got), None)
+            if how is None or how == 'after':
+                hub.forward(command)
+                world_got.append(np.array(command.data))
+            if how is not None:
+                hub.open = False
+                procs[-1].send_signal(signal.SIGKILL)
+                procs[-1].wait()
+                if how == 'before':
+                    newest = max(capsules.glob('checkpoint-*.capsule'),
+                                 key=lambda p: checkpoint_sequence(p.name))
+                    newest.unlink()
+                start_policy()
+        _wait(lambda: len(hub.joints) > steps, 60, (sim, procs[-1]), 'the last readings')
+    finally:
+        _stop(*procs)
+        hub.close()
+        rclpy.try_shutdown()
+    return hub, world_got, [log.read_text() for log in logs]
+
+
+def _resumed_at(log):
+    """The step a restarted node resumed at, from its log."""
+    marker = 'restore_on_start: resumed from '
+    line = next((ln for ln in log.splitlines() if marker in ln), None)
+    if line is None:
+        raise RuntimeError(f'the restarted node did not resume from a checkpoint:\n{log}')
+    return int(line.rsplit(' at step ', 1)[1])
+
+
+def _first_wrong(hub, world_got):
+    """The first command the world received that differs from the uninterrupted policy's
+    (joint targets = default + 0.25 x action, as the node computes them), or None."""
+    expected = reference_actions(hub.readings(len(world_got)))
+    if len(expected) != len(world_got):
+        raise RuntimeError(f'{len(world_got)} commands but {len(expected)} world readings')
+    for j, (got, action) in enumerate(zip(world_got, expected)):
+        if not np.array_equal(got, DEFAULT + 0.25 * action.astype(np.float64)):
+            return j
+    return None
+
+
+def test_g1_recovers_from_sigkill_mid_walk(tmp_path):
+    """Killed twice in a 20 s walk (at 5 s: after its command left; at 10 s: before its
+    checkpoint was written), the node resumes from its newest checkpoint file and the walk
+    goes on exactly as the uninterrupted one: every command the world received is the
+    uninterrupted policy's, bit for bit."""
+    hub, world_got, logs = walk_with_kills(tmp_path, STEPS_20S, {250: 'after', 500: 'before'})
+    assert len(logs) == 3
+    assert _resumed_at(logs[1]) == 251     # checkpoint 250: the state after step 250
+    assert _resumed_at(logs[2]) == 500     # checkpoint 500 was lost: the one before it
+    distance, low = hub.walked(STEPS_20S)
+    print(f'G1 recovery: {STEPS_20S} steps, 2 kills, {distance:.3f} m forward, pelvis min '
+          f'{low:.4f} m')
+    assert _first_wrong(hub, world_got) is None
+    assert low > 0.5 and distance >= 8.0
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    'policy_node bug: a kill after checkpoint j is written but before command j reaches '
+    'the world leaves the world at readings j and the newest checkpoint after step j; the '
+    'restarted node steps on readings j a second time (the stamp it stepped on is not in '
+    'the checkpoint), so from command j on the walk is not the uninterrupted one'))
+def test_g1_recovery_kill_between_checkpoint_and_command(tmp_path):
+    hub, world_got, logs = walk_with_kills(tmp_path, 60, {50: 'between'})
+    if _resumed_at(logs[1]) != 51:
+        raise RuntimeError(f'expected the node to resume at step 51: {logs[1]}')
+    wrong = _first_wrong(hub, world_got)
+    if wrong not in (None, 50):
+        raise RuntimeError(f'command {wrong} differs: only command 50 can (see the reason)')
+    assert wrong is None, 'command 50 after the restart is not the uninterrupted one'
