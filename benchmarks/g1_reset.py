@@ -143,12 +143,14 @@ def measure(robot, reps, workdir):
 
 def render(results):
     env, sizes = results['environment'], results['sizes']
+    modified = ' + uncommitted changes to ' + ', '.join(m[3:] for m in env['modified']) \
+        if env['modified'] else ''
     lines = [f'# Unitree G1: world + policy reset latency ({env["device_name"]}, CPU)\n',
              f'{env["date"]}, {env["hostname"]}, torch {env["torch"]}, MuJoCo '
              f'{env["mujoco"]}, ROS 2 {env["ros_distro"]} (rclpy {env["rclpy"]}, '
              f'{env["rmw"]}), Python '
              f'{env["python"]}, {env["cpu_threads"]} torch threads, commit {env["git_head"]}'
-             f'{" (tree modified)" if env["git_dirty"] else ""}, load average '
+             f'{modified}, load average '
              f'{env["load_average_1m"]:.1f} at start. Wall-clock microseconds over '
              f'{results["config"]["reps"]} repetitions after {WARMUP} untimed ones.\n',
              f'World: {sizes["world_state_bytes"]} bytes of MuJoCo state (the G1 12-dof '
@@ -167,6 +169,11 @@ def render(results):
     return '\n'.join(lines)
 
 
+def _git(*args):
+    return subprocess.run(['git', *args], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--robot-dir', default=str(ROOT.parent / 'shared' / 'robots' / 'unitree_g1'),
@@ -179,8 +186,9 @@ def main(argv=None):
         log(f'needs {robot}/motion.pt and scene.xml, and the sourced install (tools/env.sh)')
         return 2
     env = environment(torch.device('cpu'), 'g1-reset')
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True,
-                          cwd=ROOT).stdout.strip()
+    head = _git('rev-parse', 'HEAD')
+    # what the measured code holds beyond that commit (the install tree copies the checkout)
+    env['modified'] = _git('status', '--porcelain', '--', 'flashrt_ros', 'config').splitlines()
     wheels = [d.metadata['Name'] for d in importlib.metadata.distributions()]
     distro = os.environ.get('ROS_DISTRO') or next(
         (n.split('-')[1] for n in wheels if re.fullmatch(r'ros-[a-z]+-rclpy', n or '')), '?')
