@@ -170,8 +170,7 @@ def render(results):
 
 
 def _git(*args):
-    return subprocess.run(['git', *args], capture_output=True, text=True,
-                          cwd=ROOT).stdout.strip()
+    return subprocess.run(['git', *args], capture_output=True, text=True, cwd=ROOT).stdout
 
 
 def main(argv=None):
@@ -186,7 +185,7 @@ def main(argv=None):
         log(f'needs {robot}/motion.pt and scene.xml, and the sourced install (tools/env.sh)')
         return 2
     env = environment(torch.device('cpu'), 'g1-reset')
-    head = _git('rev-parse', 'HEAD')
+    head = _git('rev-parse', 'HEAD').strip()
     # what the measured code holds beyond that commit (the install tree copies the checkout)
     env['modified'] = _git('status', '--porcelain', '--', 'flashrt_ros', 'config').splitlines()
     wheels = [d.metadata['Name'] for d in importlib.metadata.distributions()]
