@@ -1,8 +1,10 @@
 """Section 7: end to end through ROS, as deployed: the policy node in its own process
 (the installed `policy_node` executable), this process as the planner (a PolicyClient).
 
-Measures ~/restore call -> response round trips (with the node's device-timed restore
-beside them) and observation -> action latency through the topics, lock-step.
+Measures a bare std_srvs/Trigger round trip to a node in its own process (the floor: rclpy
+and Fast DDS and nothing of ours), ~/restore call -> response round trips (with the node's
+own restore latency beside them) and observation -> action latency through the topics,
+lock-step.
 
 Runs only with --ros and only where rclpy, the generated flashrt_ros interfaces and the
 installed executable are found (source the colcon install first); otherwise the section says
@@ -12,6 +14,7 @@ why it was skipped.
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -30,51 +33,76 @@ def _executable():
     return None
 
 
+def _start(cmd, log_path):
+    log = open(log_path, 'w')
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def _stop(proc, log):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
 def ros_section(cfg, device, log):
+    """A bare Trigger round trip (the floor), ~/restore round trips and observation -> action,
+    each server in its own process, spun the same way (flashrt_ros.executors)."""
     try:
         import rclpy
 
-        from flashrt_ros.client import PolicyClient, spin_in_thread
+        from flashrt_ros.client import PolicyClient, call_service, spin_in_thread
+        from std_srvs.srv import Trigger
     except Exception as exc:     # ImportError, or a module that does not load
         return {'skipped': f'ROS path not importable: {exc!r}'}
     exe = _executable()
     if exe is None:
         return {'skipped': 'policy_node executable not found on AMENT_PREFIX_PATH '
                            '(source install/setup.bash)'}
-    name = f'flashrt_bench_{os.getpid()}'
-    capsules = tempfile.mkdtemp(prefix='frt-bench-ros-')
-    node_log = open(os.path.join(capsules, 'node.log'), 'w')
-    proc = subprocess.Popen(
-        [exe, '--ros-args', '-r', f'__node:={name}', '-p', f'device:={device}',
-         '-p', f'policy_type:={cfg["policy_type"]}', '-p', f'capsule_dir:={capsules}'],
-        stdout=node_log, stderr=subprocess.STDOUT)
+    out = {'calls': cfg['calls'], 'policy_type': cfg['policy_type'],
+           'process': 'every server in its own process; this process is the client',
+           'executor': 'SingleThreadedExecutor (flashrt_ros/executors.py says why)'}
+    tmp = tempfile.mkdtemp(prefix='frt-bench-ros-')
     rclpy.init()
     node = rclpy.create_node('flashrt_bench_client')
-    client = PolicyClient(node, '/' + name, timeout=30.0)
-    executor = spin_in_thread(node)
+    spinner = spin_in_thread(node)
     try:
-        client.wait_ready(timeout=120.0)
-        out = {'calls': cfg['calls'], 'policy_type': cfg['policy_type'],
-               'process': 'policy_node in its own process'}
-        out['restore'] = _restore_round_trips(client, cfg['calls'], log)
-        out['observation_to_action'] = _topic_round_trips(client, cfg['calls'], log)
-        status = _wait_status(client)
-        out['graph'] = bool(status.cuda_graph) if status else None
-        out['device'] = status.device if status else None
+        name = f'flashrt_floor_{os.getpid()}'
+        proc, plog = _start([sys.executable, '-m', 'benchmarks.trigger_server', name],
+                            os.path.join(tmp, 'floor.log'))
+        try:
+            cli = node.create_client(Trigger, f'/{name}/trigger')
+            if not cli.wait_for_service(timeout_sec=60.0):
+                raise TimeoutError(f'/{name}/trigger did not appear')
+            out['trigger'] = _round_trips(lambda: call_service(cli, Trigger.Request(), 30.0),
+                                          cfg['calls'], log, 'bare Trigger (floor)')
+        finally:
+            _stop(proc, plog)
+        name = f'flashrt_bench_{os.getpid()}'
+        proc, plog = _start(
+            [exe, '--ros-args', '-r', f'__node:={name}', '-p', f'device:={device}',
+             '-p', f'policy_type:={cfg["policy_type"]}', '-p', f'capsule_dir:={tmp}'],
+            os.path.join(tmp, 'node.log'))
+        try:
+            client = PolicyClient(node, '/' + name, timeout=30.0)
+            client.wait_ready(timeout=120.0)
+            out['restore'] = _round_trips(lambda: client.call('restore', name='episode_start'),
+                                          cfg['calls'], log, '~/restore')
+            out['observation_to_action'] = _topic_round_trips(client, cfg['calls'], log)
+            status = _wait_status(client)
+            out['graph'] = bool(status.cuda_graph) if status else None
+            out['device'] = status.device if status else None
+        finally:
+            _stop(proc, plog)
         return out
     except TimeoutError as exc:
-        node_log.flush()
-        return {'skipped': f'{exc}; node log: {open(node_log.name).read()[-2000:]}'}
+        return {'skipped': f'{exc}; logs in {tmp}'}
     finally:
-        executor.shutdown()
+        spinner.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        node_log.close()
 
 
 def _wait_status(client, timeout=5.0):
@@ -84,19 +112,24 @@ def _wait_status(client, timeout=5.0):
     return client.last_status
 
 
-def _restore_round_trips(client, n, log):
+def _round_trips(call, n, log, what):
+    """n timed calls after WARMUP: call() -> (response, seconds). A response with a false
+    `success` counts as a failure, not a time; the node's own latency_us is kept beside."""
     walls, served, failures = [], [], 0
     for i in range(n + WARMUP):
-        response, seconds = client.call('restore', name='episode_start')
+        response, seconds = call()
         if not response.success:
             failures += 1
             continue
         if i >= WARMUP:
             walls.append(seconds * 1e6)
-            served.append(float(response.latency_us))
-    log(f'  restore service: {len(walls)} calls, p50 {stats(walls)["p50"]:.0f} us')
-    return {'round_trip': stats(walls), 'node_reported_latency': stats(served),
-            'failures': failures}
+            if hasattr(response, 'latency_us'):
+                served.append(float(response.latency_us))
+    log(f'  {what}: {len(walls)} calls, p50 {stats(walls)["p50"]:.0f} us')
+    out = {'round_trip': stats(walls), 'failures': failures}
+    if served:
+        out['node_reported_latency'] = stats(served)
+    return out
 
 
 def _topic_round_trips(client, n, log):

@@ -238,18 +238,18 @@ def render(results):
         if 'skipped' in s:
             out.append(f'Skipped: {s["skipped"]}\n')
         else:
-            out.append(f'policy_node ({s["policy_type"]}, {s["device"]}, CUDA graph '
-                       f'{s["graph"]}) in its own process; this process calls it through a '
-                       'PolicyClient (lock-step).\n')
+            out.append(f'policy_node ({s["policy_type"]}, {s.get("device")}, CUDA graph '
+                       f'{s.get("graph")}) and a bare Trigger server (the floor: rclpy and '
+                       'Fast DDS alone), each in its own process, both spun by '
+                       f'{s.get("executor", "?")}; this process calls them (lock-step).\n')
             out.append('| measure | n | p50 | p99 | max |')
             out.append('|' + ' --- |' * 5)
-            for name, key in (('~/restore call -> response', 'restore'),
+            for name, key in (('bare Trigger call -> response (floor)', 'trigger'),
+                              ('~/restore call -> response', 'restore'),
                               ('observation -> action (topics)', 'observation_to_action')):
-                t = s[key]
-                if 'skipped' in t:
-                    out.append(f'| {name} | skipped: {t["skipped"]} | | | |')
+                if key not in s:
                     continue
-                w = t['round_trip']
+                w = s[key]['round_trip']
                 out.append(f'| {name} | {w["n"]} | {_us(w["p50"])} | {_us(w["p99"])} | '
                            f'{_us(w["max"])} |')
             out.append('')

@@ -7,13 +7,13 @@ import array
 import threading
 import time
 
-from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray
 from std_srvs.srv import Trigger
 
 from flashrt_ros import msg as fmsg
 from flashrt_ros import srv as fsrv
+from flashrt_ros.executors import make_executor
 
 SERVICE_TYPES = {
     'snapshot': fsrv.Snapshot,
@@ -30,15 +30,11 @@ SERVICE_TYPES = {
 
 
 class Spinner:
-    """A SingleThreadedExecutor spinning `nodes` in a thread, until shutdown().
-
-    Single-threaded on purpose: rclpy's MultiThreadedExecutor (Jazzy) was seen keeping cores
-    busy spinning, in a client like this one and in the policy node, starving the control
-    loop on a small machine.
-    """
+    """An executor (executors.make_executor: single-threaded; that module says why) spinning
+    `nodes` in a thread, until shutdown()."""
 
     def __init__(self, *nodes):
-        self.executor = SingleThreadedExecutor()
+        self.executor = make_executor()
         for node in nodes:
             self.executor.add_node(node)
         self.thread = threading.Thread(target=self.executor.spin, daemon=True)
@@ -53,6 +49,18 @@ class Spinner:
 def spin_in_thread(*nodes):
     """Starts a Spinner for `nodes`; call .shutdown() on it when done."""
     return Spinner(*nodes)
+
+
+def call_service(client, request, timeout):
+    """One call from a node spun in another thread: (response, round-trip seconds), woken by
+    the future's done callback (no polling); TimeoutError when no answer comes in time."""
+    done = threading.Event()
+    t0 = time.perf_counter()
+    future = client.call_async(request)
+    future.add_done_callback(lambda _: done.set())
+    if not done.wait(timeout):
+        raise TimeoutError(f'{client.srv_name} did not answer in {timeout} s')
+    return future.result(), time.perf_counter() - t0
 
 
 class PolicyClient:
@@ -101,17 +109,10 @@ class PolicyClient:
 
     def call(self, service, **fields):
         """Calls a service with request fields; returns (response, round-trip seconds)."""
-        client = self.clients[service]
         request = SERVICE_TYPES[service].Request()
         for key, value in fields.items():
             setattr(request, key, value)
-        done = threading.Event()
-        t0 = time.perf_counter()
-        future = client.call_async(request)
-        future.add_done_callback(lambda _: done.set())
-        if not done.wait(self.timeout):
-            raise TimeoutError(f'{self.policy}/{service} did not answer in {self.timeout} s')
-        return future.result(), time.perf_counter() - t0
+        return call_service(self.clients[service], request, self.timeout)
 
     def step(self, observation):
         """Publishes one observation and waits for its action (a lock-step control loop)."""

@@ -12,9 +12,9 @@ instead of silence.
 """
 import array
 from dataclasses import asdict
+from functools import partial
 import math
 import os
-import sys
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -22,20 +22,19 @@ from lifecycle_msgs.msg import State
 import numpy as np
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from geometry_msgs.msg import Twist
 from rcl_interfaces.msg import SetParametersResult
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float32MultiArray, Float64MultiArray, MultiArrayDimension
-from std_srvs.srv import Trigger
 import torch
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros import msg as fmsg
-from flashrt_ros import srv as fsrv
 from flashrt_ros import params
+from flashrt_ros.client import SERVICE_TYPES
+from flashrt_ros.executors import run
 from flashrt_ros.recovery import RecoveryMixin
 from flashrt_ros.runtime.capsule import load_signing_key
 from flashrt_ros.runtime.engine import EPISODE_START, PolicyEngine
@@ -112,22 +111,27 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._command_pubs = []
         self._obs_group = MutuallyExclusiveCallbackGroup()
         self._srv_group = ReentrantCallbackGroup()
-        services = [
-            (fsrv.Snapshot, 'snapshot', self.snapshot_callback),
-            (fsrv.Restore, 'restore', self.restore_callback),
-            (fsrv.Fork, 'fork', self.fork_callback),
-            (fsrv.Rollback, 'rollback', self.rollback_callback),
-            (fsrv.ListCapsules, 'list_capsules', self.list_capsules_callback),
-            (fsrv.DeleteCapsule, 'delete_capsule', self.delete_capsule_callback),
-            (fsrv.SaveCapsule, 'save_capsule', self.save_capsule_callback),
-            (fsrv.LoadCapsule, 'load_capsule', self.load_capsule_callback),
-            (Trigger, 'reset_episode', self.reset_episode_callback),
-            (Trigger, 'recover', self.recover_callback),
-        ]
-        for srv_type, name, callback in services:
-            self.create_service(srv_type, '~/' + name, callback,
+        # one table for node and client: ~/<name> served by <name>_callback
+        for name, srv_type in SERVICE_TYPES.items():
+            self.create_service(srv_type, '~/' + name, getattr(self, f'{name}_callback'),
                                 callback_group=self._srv_group)
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        # rclpy (Jazzy) serves a change_state request by transition id that the current state
+        # does not offer (configure while active) by raising RCLError out of the callback: the
+        # caller never gets an answer. Refuse it with success=False first.
+        service = self._service_change_state
+        service.callback = partial(self._change_state_checked, service.callback)
+
+    def _change_state_checked(self, serve, request, response):
+        transition = request.transition
+        offered = {t[0]: t[1] for t in self._state_machine.available_transitions}
+        if not transition.label and transition.id not in offered:
+            self.get_logger().warning(
+                f'change_state refused: transition id {transition.id} is not available in '
+                f'state {self._state!r} (available: {offered or "none"})')
+            response.success = False
+            return response
+        return serve(request, response)
 
     # -- parameters ----------------------------------------------------------------------------
 
@@ -644,39 +648,25 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         return self._serve(response, op)
 
 
+def _autostart(node):
+    """What nav2's lifecycle manager would do: configure, then activate, when `autostart` is
+    set. False (a robot without its policy must not look alive) makes main exit 1."""
+    if not node.get_parameter('autostart').value:
+        return True
+    if node.trigger_configure() == TransitionCallbackReturn.SUCCESS and \
+            node.trigger_activate() == TransitionCallbackReturn.SUCCESS:
+        return True
+    node.get_logger().fatal('autostart failed (the reason is logged above); exiting with '
+                            'status 1')
+    return False
+
+
 def main(args=None):
     rclpy.init(args=args)
-    node = PolicyNode()
-    # Single-threaded: steps and capsule operations run one at a time anyway (they meet at
-    # the engine's lock, between steps), and rclpy's MultiThreadedExecutor (Jazzy) kept a core
-    # busy spinning once services had been called: the demo took 60 s instead of 2.5 s. The
-    # callback groups stay, so a user may still compose this node into a multi-threaded
-    # executor; the engine's lock keeps that correct.
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    status = 0
-    if node.get_parameter('autostart').value:
-        # What nav2's lifecycle manager would do: configure, then activate. A robot without
-        # its policy must not look alive: exit non-zero so launch, systemd and CI see it.
-        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS or \
-                node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
-            node.get_logger().fatal('autostart failed (the reason is logged above); exiting '
-                                    'with status 1')
-            status = 1
-    try:
-        while status == 0 and rclpy.ok():
-            try:
-                executor.spin()
-            except (KeyboardInterrupt, ExternalShutdownException):
-                break
-            except Exception as exc:  # noqa: B902 - a callback must never take the robot down
-                node.get_logger().error(f'callback failed and was dropped: {exc!r}')
-    finally:
-        node.destroy_node()
-        executor.shutdown()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-    sys.exit(status)
+    # A single-threaded executor by default (flashrt_ros/executors.py says why); the callback
+    # groups stay, so the node may still be composed into a multi-threaded executor: the
+    # engine's lock keeps that correct.
+    run(PolicyNode(), startup=_autostart)
 
 
 if __name__ == '__main__':

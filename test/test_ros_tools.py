@@ -222,12 +222,6 @@ def test_lifecycle_set_through_every_transition(ros):
     assert ros.launches[0].poll() is None, 'the launch ended'
 
 
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired, reason=(
-    'node bug: a ChangeState request whose transition id is not valid in the current state '
-    '(configure, id 1, on an active node) is never answered. rclpy\'s LifecycleNode change_state '
-    'handler raises RCLError "Transition is not registered" (it only checks labels); '
-    'the executable\'s spin loop catches it around executor.spin() ("callback failed and was '
-    'dropped"), so the node lives on, but the caller waits forever instead of success=False'))
 def test_change_state_by_invalid_id_is_answered_and_refused(ros):
     """What launch_ros's configure-then-activate event pattern sends when autostart is on;
     `ros2 lifecycle set` checks the transition itself, so the service is called directly."""

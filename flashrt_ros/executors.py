@@ -1,0 +1,47 @@
+"""How flashrt_ros spins: one executor choice for the nodes, the clients and the benchmarks,
+and one main loop for the executables.
+
+rclpy's SingleThreadedExecutor, everywhere. Tried and not kept:
+- MultiThreadedExecutor (Jazzy) kept cores busy spinning once services had been called (the
+  demo took 60 s instead of 2.5 s), starving the control loop on a small machine; steps and
+  capsule operations meet at the engine's lock anyway.
+- rclpy.experimental.EventsExecutor (rclpy 7.1.6): an idle Trigger server spun at ~56 % of a
+  core, and a client spinning it in a thread never saw its service answered (60 s timeouts,
+  2026-11-29, this repository's CPU VM), consistent with the Jazzy events-executor CPU
+  regression reported upstream (ros2/rclcpp#2799). Revisit with a later rclpy.
+"""
+import sys
+
+import rclpy
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+
+def make_executor():
+    """The executor every flashrt_ros node and client spins on (see the module's note)."""
+    return SingleThreadedExecutor()
+
+
+def run(node, startup=None):
+    """The executables' main loop: spin `node` until shutdown, then exit the process.
+
+    startup(node) -> bool runs first (e.g. autostart's configure + activate); False exits
+    with status 1 at once, so launch, systemd and CI see a node that cannot work. A callback
+    that raises is logged and dropped: it must never take the robot down.
+    """
+    executor = make_executor()
+    executor.add_node(node)
+    status = 0 if startup is None or startup(node) else 1
+    try:
+        while status == 0 and rclpy.ok():
+            try:
+                executor.spin()
+            except (KeyboardInterrupt, ExternalShutdownException):
+                break
+            except Exception as exc:  # noqa: B902 - a callback must never take the robot down
+                node.get_logger().error(f'callback failed and was dropped: {exc!r}')
+    finally:
+        node.destroy_node()
+        executor.shutdown()
+        if rclpy.ok():
+            rclpy.try_shutdown()
+    sys.exit(status)
