@@ -73,6 +73,12 @@ def _stamp(msg):
     return (msg.header.stamp.sec, msg.header.stamp.nanosec)
 
 
+def _input_tag(stamp):
+    """A lock-step reading's stamp as the engine's step tag: nanoseconds + 1 (0: none)."""
+    sec, nanosec = stamp
+    return sec * 1_000_000_000 + nanosec + 1
+
+
 def build_engine(cfg, policy_cfg, layout=None):
     """The PolicyEngine a configure builds (also used by tests for reference runs)."""
     policy = build_policy(policy_cfg, device='cpu')
@@ -105,7 +111,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._resumed_from = ''
         self._rejected_reported = 0
         self._inputs = {}             # terms: reading -> (value, stamp, arrival time)
-        self._stepped_stamp = None    # lockstep: stamp of the joint state last stepped on
+        # lockstep: the tag (_input_tag) of the readings the state answered last, and whether
+        # the state changed under the node since (then readings of that very stamp get their
+        # command re-sent instead of a second step: see _sync_lockstep)
+        self._stepped_tag, self._resend = 0, False
         self._subs, self._control_timer, self._status_timer = [], None, None
         self._action_pub = self._status_pub = self._diag_pub = None
         self._command_pubs = []
@@ -272,7 +281,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         elif cfg['observation_type'] == 'joint_state':
             sub(JointState, '~/observation', self.observation_callback)
         else:
-            self._inputs, self._stepped_stamp = {}, None
+            self._inputs = {}
+            self._sync_lockstep()
             needs = self.layout.needs
             if 'joint_state' in needs:
                 sub(JointState, '~/joint_states', self.joint_state_callback)
@@ -398,14 +408,44 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if self.config is None or self.config['control_mode'] != 'lockstep':
             return
         joint = self._inputs.get('joint_state')
-        if joint is None or joint[1] == self._stepped_stamp:
+        if joint is None:
+            return
+        tag = _input_tag(joint[1])
+        if tag == self._stepped_tag:
+            if self._resend:
+                self._resend_commands()
             return
         if 'imu' in self.layout.needs:
             imu = self._inputs.get('imu')
             if imu is None or imu[1] != joint[1]:
                 return              # wait for the matching IMU reading
-        self._stepped_stamp = joint[1]
-        self._step_terms()
+        self._stepped_tag, self._resend = tag, False
+        self._step_terms(tag)
+
+    def _sync_lockstep(self):
+        """After the state changed under the node (restore, reset, rollback, recover, resume at
+        start): the readings it answered last are the state's own (the engine's input tag,
+        which capsules and checkpoints carry). A world that re-sends those readings (it never
+        got their command: the node died or was restored in between) gets the command of the
+        state's last action again instead of a second step on the same readings."""
+        cfg = self.config
+        if self.engine is None or cfg is None or cfg['observation_type'] != 'terms' \
+                or cfg['control_mode'] != 'lockstep':
+            return
+        self._stepped_tag, self._resend = self.engine.input_tag(), True
+
+    def _resend_commands(self):
+        self._resend = False
+        last = self.engine.last_action()
+        if last is None:
+            self.get_logger().warning(
+                'readings of an already answered stamp arrived after a restore, and this '
+                "policy's state keeps no last action to re-send; waiting for new readings")
+            return
+        self.get_logger().info('readings of the restored state\'s last stamp arrived again: '
+                               're-sending the commands of its last action')
+        self._action_pub.publish(self._action_message(torch.from_numpy(last)))
+        self._publish_commands(last)
 
     def control_callback(self):
         """Robot: a step at control_rate over the newest readings; stale or missing ones
@@ -423,7 +463,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                 return
         self._step_terms()
 
-    def _step_terms(self):
+    def _step_terms(self, tag=None):
         if not self.active or self.engine is None:
             return
         get = self._inputs.get
@@ -437,14 +477,16 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         except InvalidObservation as exc:
             self._refuse(str(exc))
             return
-        action = self._step(obs)
-        if action is None:
-            return
-        targets = self.targets(action.numpy())
+        action = self._step(obs, tag)
+        if action is not None:
+            self._publish_commands(action.numpy())
+
+    def _publish_commands(self, action):
+        targets = self.targets(action)
         for pub in self._command_pubs:
             pub.publish(self._command_message(pub.msg_type, targets))
 
-    def _step(self, obs):
+    def _step(self, obs, tag=None):
         """The committed step and the raw action; None (nothing published) when refused."""
         engine = self.engine
         if self._holding:
@@ -452,7 +494,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                          '~/reset_episode', level='error')
             return None
         try:
-            action = engine.step(obs)
+            action = engine.step(obs, tag=tag)
         except FlashRTError as exc:
             # the engine counts its own InvalidObservation refusals
             engine_counted = isinstance(exc, InvalidObservation)
@@ -595,6 +637,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         def op():
             self._fill(response, self.engine.restore(request.name))
             self._clear_poison(self.engine)
+            self._sync_lockstep()
         return self._serve(response, op)
 
     def fork_callback(self, request, response):
@@ -606,6 +649,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             result = self.engine.rollback(int(request.steps))
             self._fill(response, result)
             response.step = result.step
+            self._sync_lockstep()
         return self._serve(response, op)
 
     def list_capsules_callback(self, request, response):
@@ -639,6 +683,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         def op():
             self._fill(response, self.engine.reset_episode())
             self._clear_poison(self.engine)
+            self._sync_lockstep()
         return self._serve(response, op)
 
     def recover_callback(self, request, response):

@@ -87,6 +87,7 @@ class RecoveryMixin:
         episode_start; returns the message. FlashRTError when none is usable."""
         message = f'recovered: {self.recovery.recover().message}'
         self._holding = self._scrub = False
+        self._sync_lockstep()
         return message
 
     def _resume(self, what):

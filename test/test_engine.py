@@ -606,3 +606,28 @@ def test_cuda_span_graphs_equal_eager_bit_for_bit(tmp_path):
         assert e.graph_captured == graph and len(e.spans) == 4
         runs.append(torch.stack([e.step(o) for o in obs]))      # crosses 64, 128 and 256
     assert torch.equal(runs[0], runs[1])
+
+
+def test_input_tag_is_state(tmp_path):
+    """The tag of the consumed input follows the state: capsules, rollback, reset."""
+    e = make_engine(tmp_path, 'toy_kv')
+    obs = observations(4)
+    assert e.input_tag() == 0
+    e.step(obs[0], tag=11)
+    e.snapshot('at11')
+    e.step(obs[1], tag=12)
+    assert e.input_tag() == 12 and e.last_action() is None      # no fed-back action here
+    e.rollback(1)
+    assert e.input_tag() == 11
+    e.step(obs[1], tag=12)
+    e.step(obs[2])                      # untagged steps keep the last tag
+    assert e.input_tag() == 12
+    e.restore('at11')
+    assert e.input_tag() == 11
+    e.reset_episode()
+    assert e.input_tag() == 0
+    before = live(e)
+    for bad in (0, -1, 1 << 63, 1.5, '3'):
+        with pytest.raises(InvalidObservation, match='tag'):
+            e.step(obs[3], tag=bad)
+    assert torch.equal(live(e), before)

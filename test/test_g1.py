@@ -377,12 +377,10 @@ def test_g1_recovers_from_sigkill_mid_walk(tmp_path):
     assert low > 0.5 and distance >= 8.0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    'policy_node bug: a kill after checkpoint j is written but before command j reaches '
-    'the world leaves the world at readings j and the newest checkpoint after step j; the '
-    'restarted node steps on readings j a second time (the stamp it stepped on is not in '
-    'the checkpoint), so from command j on the walk is not the uninterrupted one'))
 def test_g1_recovery_kill_between_checkpoint_and_command(tmp_path):
+    """The kill lands after checkpoint 50 is on disk but before command 50 reached the world:
+    the world re-sends readings 50; the restarted node knows from the checkpoint (its input
+    tag) that it answered them, and re-sends command 50 instead of stepping twice."""
     hub, world_got, logs = walk_with_kills(tmp_path, 60, {50: 'between'})
     if _resumed_at(logs[1]) != 51:
         raise RuntimeError(f'expected the node to resume at step 51: {logs[1]}')

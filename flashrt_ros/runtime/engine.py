@@ -20,7 +20,7 @@ from .capsule import Capsule, CapsuleStore, Manifest, check_compatible
 from .errors import (CapacityExceeded, CapsuleExists, InvalidConfig, InvalidObservation,
                      RollbackUnavailable)
 from .graph import StepGraph
-from .state import BufferSpec, KINDS, META_EPISODE, META_STEP, StateArena
+from .state import BufferSpec, KINDS, META_EPISODE, META_STEP, META_TAG, StateArena
 from .transfer import Transfer
 
 EPISODE_START = 'episode_start'     # the capsule reset_episode() restores
@@ -109,7 +109,7 @@ class PolicyEngine:
         specs = list(policy.state_specs())
         if any(s.name == 'meta' or s.kind == 'meta' for s in specs):
             raise InvalidConfig('policies must not declare meta buffers; the engine adds them')
-        specs.append(BufferSpec('meta', (4,), torch.int64, 'meta'))   # step, episode, pos, -
+        specs.append(BufferSpec('meta', (4,), torch.int64, 'meta'))   # step, episode, pos, tag
         self._feedback = None
         if last_action is not None:
             specs.append(BufferSpec('last_action', (int(policy.act_dim),), torch.float32,
@@ -139,6 +139,8 @@ class PolicyEngine:
         self._obs_host = torch.zeros(self.obs_dim, dtype=torch.float32, pin_memory=pin)
         self._out_host = torch.zeros(self.act_dim + 1, dtype=torch.float32, pin_memory=pin)
         self._obs_np, self._out_np = self._obs_host.numpy(), self._out_host.numpy()
+        self._tag_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
+        self._tag_np = self._tag_host.numpy()
         self.last_step_finite = True    # the flag of the latest step (see verdict in recovery)
         self._advances = self.arena.capacity > 0     # history policies move position each step
         self._lock = threading.Lock()
@@ -236,11 +238,16 @@ class PolicyEngine:
             raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
         return a
 
-    def step(self, obs):
+    def step(self, obs, tag=None):
         """Committed boundary: obs [obs_dim] -> action (CPU float32 [act_dim]).
 
-        Refuses (InvalidObservation, CapacityExceeded) before touching the state.
+        tag: an int in [1, 2**63) naming the input this step consumes (e.g. a lock-step
+        node's sensor stamp), stored in the state (meta) so that a capsule, a rollback or a
+        restart knows which input its state has already answered (input_tag()). Refuses
+        (InvalidObservation, CapacityExceeded) before touching the state.
         """
+        if tag is not None and not (isinstance(tag, int) and 0 < tag < 1 << 63):
+            raise InvalidObservation(f'step tag must be an int in [1, 2**63), got {tag!r}')
         with self._lock:
             try:
                 t = self._to_obs(obs)
@@ -256,6 +263,9 @@ class PolicyEngine:
             with self._timer as timer:      # its exit synchronises the device, once
                 copy(self.obs_buf, self._obs_host, 4 * self.obs_dim)
                 self._graph_for(self.position).replay()
+                if tag is not None:     # after the replay: the ring holds the previous tag
+                    self._tag_np[0] = tag
+                    copy(self.meta, self._tag_host, 8, dst_offset=8 * META_TAG)
                 copy(self._out_host, self.out_buf, 4 * (self.act_dim + 1))
             out = self._out_np
             action = torch.from_numpy(out[:self.act_dim].copy())
@@ -266,6 +276,19 @@ class PolicyEngine:
             self.rollback_available = min(self.rollback_available + 1, self.ring.depth)
             self._check()
             return action
+
+    def input_tag(self):
+        """The tag of the input the live state's latest step consumed (step(tag=)); 0 when
+        none. Read from the state itself, so it follows restores, rollbacks and resets."""
+        with self._lock:
+            return int(self.meta[META_TAG])
+
+    def last_action(self):
+        """The previous action held in the state ('last_action', when the engine feeds it
+        back), as float32 numpy [act_dim]; None when the state keeps none."""
+        with self._lock:
+            last = self.arena.views.get('last_action')
+            return None if last is None else last.cpu().numpy().copy()
 
     def _graph_for(self, position):
         """The step for the smallest span that covers `position` (spans ascend)."""

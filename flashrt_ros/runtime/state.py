@@ -23,6 +23,7 @@ from .errors import InvalidConfig
 KINDS = ('kv', 'recurrent', 'conv', 'chunk', 'history', 'rng', 'meta')
 GROWTHS = ('static', 'append')
 META_STEP, META_EPISODE, META_POSITION = 0, 1, 2   # indices into the engine's int64 'meta' buffer
+META_TAG = 3     # the caller's tag of the input the latest step consumed (0: none)
 ALIGN = 256
 
 
