@@ -110,6 +110,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._scrub = False           # a poisoned step may have left NaN rows past position
         self._resumed_from = ''
         self._rejected_reported = 0
+        self._dropped, self._dropped_reported = {}, 0   # input topic -> readings lost
+        self._last_seq = {}           # input topic -> last publication sequence number seen
         self._inputs = {}             # terms: reading -> (value, stamp, arrival time)
         # lockstep: the tag (_input_tag) of the readings the state answered last, and whether
         # the state changed under the node since (then readings of that very stamp get their
@@ -244,6 +246,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             self._release_configured()
             return TransitionCallbackReturn.FAILURE
         self._rejected = self._rejected_reported = self._poisoned = 0
+        self._dropped, self._dropped_reported, self._last_seq = {}, 0, {}
         self._refusals, self._last_refusal = {}, ''
         self._holding = self._scrub = False
         e = self.engine
@@ -315,8 +318,27 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         return super().on_activate(state)
 
     def _subscribe(self, msg_type, topic, callback):
-        self._subs.append(self.create_subscription(msg_type, topic, callback, self._qos,
+        def counted(msg, info):
+            self._count_lost(topic, info)
+            callback(msg)
+        self._subs.append(self.create_subscription(msg_type, topic, counted, self._qos,
                                                    callback_group=self._obs_group))
+
+    def _count_lost(self, topic, info):
+        """Readings lost before this callback (queue overflow, network): the gap in the
+        publisher's sequence numbers. A number at or below the last one is a new or
+        restarted publisher: a new baseline, nothing counted."""
+        seq = info.get('publication_sequence_number')
+        if seq is None:
+            return              # an rmw without sequence numbers: nothing to count with
+        last = self._last_seq.get(topic)
+        self._last_seq[topic] = seq
+        if last is not None and seq > last + 1:
+            self._dropped[topic] = self._dropped.get(topic, 0) + seq - last - 1
+            self.get_logger().warning(
+                f'{seq - last - 1} readings on {topic} lost before the node saw them '
+                f'({sum(self._dropped.values())} since configure): raise qos_depth or lower '
+                'the rate', throttle_duration_sec=1.0)
 
     def on_deactivate(self, state):
         self._state = 'inactive'
@@ -562,6 +584,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         status.device_bytes_budget = e.store.device_budget
         status.host_bytes_used = e.store.host_bytes_used
         status.rejected_observations = self.rejected_observations()
+        status.dropped_observations = sum(self._dropped.values())
         return status
 
     def publish_status(self):
@@ -581,6 +604,12 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             problems.append(f'{rejected - self._rejected_reported} steps refused since last '
                             f'report; last: {self._last_refusal}')
         self._rejected_reported = rejected
+        dropped = status.dropped_observations
+        if dropped > self._dropped_reported:
+            problems.append(f'{dropped - self._dropped_reported} input readings lost before '
+                            'the node saw them since last report (' + ', '.join(
+                                f'{t}: {n}' for t, n in sorted(self._dropped.items())) + ')')
+        self._dropped_reported = dropped
         recovery = self.recovery
         if recovery is not None and recovery.failed_checkpoints:
             problems.append(f'{recovery.failed_checkpoints} checkpoint writes failed; last: '
@@ -592,7 +621,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         for field in ('policy', 'cuda_graph', 'step', 'episode', 'position',
                       'rollback_available', 'step_latency_p50_us', 'step_latency_p99_us',
                       'capsules', 'device_bytes_used', 'device_bytes_budget', 'host_bytes_used',
-                      'rejected_observations'):
+                      'rejected_observations', 'dropped_observations'):
             diag.values.append(KeyValue(key=field, value=str(getattr(status, field))))
         if recovery is not None:
             diag.values.append(KeyValue(key='failed_checkpoints',

@@ -584,3 +584,45 @@ def _joint_state_round_trip(node, client, name, joints, params, tmp_path):
     pub.publish(JointState(name=['hip', 'knee'], position=[0.0, 0.0], velocity=[0.0, 0.0]))
     wait_for(lambda: node.rejected_observations() == 1, what='missing joint refused')
     assert len(actions) == 6
+
+
+@pytest.mark.parametrize('stalled', [False, True], ids=['live', 'stalled'])
+def test_500hz_burst_every_observation_answered_or_reported(make, stalled):
+    """1,000 observations at 500 Hz: every one is answered (a committed step) or reported as
+    lost (status.dropped_observations, from gaps in the publisher's sequence numbers) or
+    refused. 'stalled' holds the engine's lock through the burst with a queue of 1, so the
+    node cannot keep up and most observations must be lost, and reported."""
+    h = make(dict(RECURRENT, qos_depth=1 if stalled else 100))
+    diagnostics = []
+    h.client_node.create_subscription(DiagnosticArray, '/diagnostics',
+                                      lambda m: diagnostics.extend(m.status), 10)
+    wait_for(lambda: h.node._diag_pub.get_subscription_count() > 0, what='diagnostics match')
+    sent, period = 1000, 1.0 / 500
+    lock = h.node.engine._lock
+    if stalled:
+        lock.acquire()
+    try:
+        t0 = time.perf_counter()
+        for i in range(sent):
+            h.client.publish_only(obs(i))
+            time.sleep(max(0.0, t0 + (i + 1) * period - time.perf_counter()))
+    finally:
+        if stalled:
+            lock.release()
+
+    def accounted():
+        s = h.client.last_status
+        return s is not None and s.step + s.dropped_observations + s.rejected_observations \
+            == sent
+    wait_for(accounted, what='every observation answered or reported in ~/status')
+    s = h.client.last_status
+    print(f'{"stalled" if stalled else "live"}: {s.step} answered, {s.dropped_observations} '
+          f'reported lost, {s.rejected_observations} refused of {sent}')
+    if stalled:
+        assert s.dropped_observations > sent // 2
+        mine = f'flashrt_ros: {h.name}'
+        wait_for(lambda: any(d.name == mine and d.level == DiagnosticStatus.WARN
+                             and 'lost before the node saw them' in d.message
+                             for d in list(diagnostics)), what='WARN diagnostics of the loss')
+    time.sleep(0.5)         # nothing more arrives: the counts were final, not a passing sum
+    assert h.node.engine.step_index == s.step
