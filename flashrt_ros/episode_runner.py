@@ -35,7 +35,8 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray
 
 from flashrt_ros.client import PolicyClient, spin_in_thread
 from flashrt_ros.robot_world import RobotWorld
-from flashrt_ros.sim import MujocoWorld, robot_messages, robot_world_from_parameters, World
+from flashrt_ros.messages import robot_messages
+from flashrt_ros.sim import MujocoWorld, robot_world_from_parameters, World
 
 POLICY_CAPSULE = 'runner_branch_point'
 WORLD_SNAPSHOT = 'branch_point'

@@ -10,7 +10,6 @@ on any executor (main() spins a single thread; see there for why). Services exis
 lifecycle state so that a call made while the node is not active gets a clear refusal
 instead of silence.
 """
-import array
 from dataclasses import asdict
 from functools import partial
 import math
@@ -27,14 +26,15 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from geometry_msgs.msg import Twist
 from rcl_interfaces.msg import SetParametersResult
 from sensor_msgs.msg import Imu, JointState
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, MultiArrayDimension
+from std_msgs.msg import Float32MultiArray, Float64MultiArray
 import torch
-from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros import msg as fmsg
 from flashrt_ros import params
 from flashrt_ros.client import SERVICE_TYPES
 from flashrt_ros.executors import run
+from flashrt_ros.messages import action_message, capsule_info, command_message
 from flashrt_ros.recovery import RecoveryMixin
 from flashrt_ros.runtime.capsule import load_signing_key
 from flashrt_ros.runtime.engine import EPISODE_START, PolicyEngine
@@ -46,27 +46,6 @@ STATE_NAMES = {State.PRIMARY_STATE_UNCONFIGURED: 'unconfigured',
                State.PRIMARY_STATE_INACTIVE: 'inactive',
                State.PRIMARY_STATE_ACTIVE: 'active',
                State.PRIMARY_STATE_FINALIZED: 'finalized'}
-
-
-def capsule_info(manifest):
-    """flashrt_ros/msg/CapsuleInfo from a runtime Manifest (an empty message for None)."""
-    info = fmsg.CapsuleInfo()
-    if manifest is None:
-        return info
-    info.name = manifest.name
-    info.parent = manifest.parent
-    info.tier = manifest.tier
-    info.pinned = bool(manifest.pinned)
-    info.step = int(manifest.step)
-    info.episode = int(manifest.episode)
-    info.position = int(manifest.position)
-    info.nbytes = int(manifest.nbytes)
-    info.schema_digest = manifest.schema_digest
-    info.model_digest = manifest.model_digest
-    frac, whole = math.modf(manifest.created)
-    info.stamp.sec = int(whole)
-    info.stamp.nanosec = int(frac * 1e9)
-    return info
 
 
 def _stamp(msg):
@@ -466,7 +445,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             return
         self.get_logger().info('readings of the restored state\'s last stamp arrived again: '
                                're-sending the commands of its last action')
-        self._action_pub.publish(self._action_message(torch.from_numpy(last)))
+        self._publish_action(last)
         self._publish_commands(last)
 
     def control_callback(self):
@@ -503,10 +482,19 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if action is not None:
             self._publish_commands(action.numpy())
 
+    def _publish_action(self, action):
+        pub = self._action_pub
+        stamp = self.get_clock().now().to_msg() if pub.msg_type is JointState else None
+        pub.publish(action_message(pub.msg_type, action, self.config['action_joint_names'],
+                                   stamp))
+
     def _publish_commands(self, action):
         targets = self.targets(action)
         for pub in self._command_pubs:
-            pub.publish(self._command_message(pub.msg_type, targets))
+            stamp = self.get_clock().now().to_msg() if pub.msg_type is JointTrajectory \
+                else None
+            pub.publish(command_message(pub.msg_type, targets, self.config['joint_names'],
+                                        stamp))
 
     def _step(self, obs, tag=None):
         """The committed step and the raw action; None (nothing published) when refused."""
@@ -525,38 +513,11 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             return None
         if self.config['poison_check'] and self._poison(engine, action):
             return None
-        self._action_pub.publish(self._action_message(action))
+        self._publish_action(action.numpy())
         every = self.config['checkpoint_every']
         if every and engine.step_index % every == 0:
             self._checkpoint(engine)
         return action
-
-    def _command_message(self, msg_type, targets):
-        if msg_type is Float64MultiArray:
-            out = Float64MultiArray()
-            out.layout.dim = [MultiArrayDimension(label='joints', size=len(targets),
-                                                  stride=len(targets))]
-            out.data = array.array('d', targets.tobytes())
-            return out
-        out = JointTrajectory()
-        out.header.stamp = self.get_clock().now().to_msg()
-        out.joint_names = self.config['joint_names']
-        point = JointTrajectoryPoint()
-        point.positions = array.array('d', targets.tobytes())
-        out.points = [point]          # time_from_start 0: reach it now (the controller's PD)
-        return out
-
-    def _action_message(self, action):
-        values = action.numpy()
-        if self._action_pub.msg_type is JointState:
-            out = JointState()
-            out.header.stamp = self.get_clock().now().to_msg()
-            out.name = self.config['action_joint_names']
-            out.position = values.astype('float64').tolist()
-            return out
-        out = Float32MultiArray()
-        out.data = array.array('f', values.tobytes())
-        return out
 
     def rejected_observations(self):
         return self._rejected + self._poisoned + (

@@ -263,43 +263,6 @@ def _ros_imports():
             ReliabilityPolicy, Float32MultiArray, Float64, Trigger, fsrv)
 
 
-def _stamp(seconds):
-    """Simulation time as builtin_interfaces/Time (integer nanoseconds, no float carry)."""
-    from builtin_interfaces.msg import Time
-    sec, nanosec = divmod(int(round(seconds * 1e9)), 1_000_000_000)
-    return Time(sec=sec, nanosec=nanosec)
-
-
-def robot_messages(world):
-    """(JointState, Imu, PoseStamped) of a RobotWorld's current readings, stamped with its
-    simulation time: what the mjcf world publishes, and what the episode runner sends a
-    policy node for an in-process robot (see the module docstring for the fields)."""
-    from geometry_msgs.msg import PoseStamped
-    from sensor_msgs.msg import Imu, JointState
-    stamp = _stamp(world.sim_time)
-    names, q, dq, tau = world.joint_state()
-    js = JointState()
-    js.header.stamp = stamp
-    js.name = names
-    js.position = array.array('d', q.tobytes())
-    js.velocity = array.array('d', dq.tobytes())
-    js.effort = array.array('d', tau.tobytes())
-    quat, gyro, acc = (v.tolist() for v in world.imu())
-    imu = Imu()
-    imu.header.stamp, imu.header.frame_id = stamp, world.base_body
-    o = imu.orientation
-    o.w, o.x, o.y, o.z = quat
-    imu.angular_velocity.x, imu.angular_velocity.y, imu.angular_velocity.z = gyro
-    a = imu.linear_acceleration
-    a.x, a.y, a.z = acc
-    pose = PoseStamped()
-    pose.header.stamp, pose.header.frame_id = stamp, 'world'
-    p = pose.pose.position
-    p.x, p.y, p.z = world.base_position().tolist()
-    pose.pose.orientation = o
-    return js, imu, pose
-
-
 ROBOT_PARAMETERS = ('mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 'sim_dt',
                     'decimation', 'clip_targets')
 
@@ -344,6 +307,7 @@ class _RobotTopics:
 
     def publish(self):
         pubs = (self.joint_pub, self.imu_pub, self.pose_pub)
+        from flashrt_ros.messages import robot_messages
         for pub, msg in zip(pubs, robot_messages(self.world)):
             pub.publish(msg)
 
@@ -491,19 +455,10 @@ def make_sim_node(node_name='flashrt_sim', **kwargs):
 
 def main(args=None):
     import rclpy
-    from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+
+    from flashrt_ros.executors import run
     rclpy.init(args=args)
-    node = make_sim_node()
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        executor.shutdown()
-        rclpy.try_shutdown()
+    run(make_sim_node())
 
 
 if __name__ == '__main__':

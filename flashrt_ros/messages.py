@@ -1,0 +1,100 @@
+"""Message conversions between the runtime and ROS: capsule manifests, actions, joint
+commands for ros2_control, and a simulated robot's sensor readings."""
+import array
+import math
+
+from builtin_interfaces.msg import Time
+from geometry_msgs.msg import PoseStamped
+from sensor_msgs.msg import Imu, JointState
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, MultiArrayDimension
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from flashrt_ros import msg as fmsg
+
+
+def capsule_info(manifest):
+    """flashrt_ros/msg/CapsuleInfo from a runtime Manifest (an empty message for None)."""
+    info = fmsg.CapsuleInfo()
+    if manifest is None:
+        return info
+    info.name = manifest.name
+    info.parent = manifest.parent
+    info.tier = manifest.tier
+    info.pinned = bool(manifest.pinned)
+    info.step = int(manifest.step)
+    info.episode = int(manifest.episode)
+    info.position = int(manifest.position)
+    info.nbytes = int(manifest.nbytes)
+    info.schema_digest = manifest.schema_digest
+    info.model_digest = manifest.model_digest
+    frac, whole = math.modf(manifest.created)
+    info.stamp.sec = int(whole)
+    info.stamp.nanosec = int(frac * 1e9)
+    return info
+
+
+def action_message(msg_type, action, joint_names=(), stamp=None):
+    """The raw action (float32 numpy) as Float32MultiArray, or as a JointState of
+    `joint_names` (positions) stamped `stamp`."""
+    if msg_type is JointState:
+        out = JointState()
+        out.header.stamp = stamp
+        out.name = list(joint_names)
+        out.position = action.astype('float64').tolist()
+        return out
+    out = Float32MultiArray()
+    out.data = array.array('f', action.tobytes())
+    return out
+
+
+def command_message(msg_type, targets, joint_names=(), stamp=None):
+    """Joint position targets (float64 numpy) for ros2_control: a Float64MultiArray for a
+    forward-command position controller, or a one-point JointTrajectory of `joint_names`
+    to reach at once (time_from_start 0: the controller's PD does the rest)."""
+    if msg_type is Float64MultiArray:
+        out = Float64MultiArray()
+        out.layout.dim = [MultiArrayDimension(label='joints', size=len(targets),
+                                              stride=len(targets))]
+        out.data = array.array('d', targets.tobytes())
+        return out
+    out = JointTrajectory()
+    out.header.stamp = stamp
+    out.joint_names = list(joint_names)
+    point = JointTrajectoryPoint()
+    point.positions = array.array('d', targets.tobytes())
+    out.points = [point]
+    return out
+
+
+def sim_stamp(seconds):
+    """Simulation time as builtin_interfaces/Time (integer nanoseconds, no float carry)."""
+    sec, nanosec = divmod(int(round(seconds * 1e9)), 1_000_000_000)
+    return Time(sec=sec, nanosec=nanosec)
+
+
+def robot_messages(world):
+    """(JointState, Imu, PoseStamped) of a RobotWorld's current readings, stamped with its
+    simulation time: what the mjcf world publishes, and what the episode runner sends a
+    policy node for an in-process robot (see the module docstring for the fields)."""
+    stamp = sim_stamp(world.sim_time)
+    names, q, dq, tau = world.joint_state()
+    js = JointState()
+    js.header.stamp = stamp
+    js.name = names
+    js.position = array.array('d', q.tobytes())
+    js.velocity = array.array('d', dq.tobytes())
+    js.effort = array.array('d', tau.tobytes())
+    quat, gyro, acc = (v.tolist() for v in world.imu())
+    imu = Imu()
+    imu.header.stamp, imu.header.frame_id = stamp, world.base_body
+    o = imu.orientation
+    o.w, o.x, o.y, o.z = quat
+    imu.angular_velocity.x, imu.angular_velocity.y, imu.angular_velocity.z = gyro
+    a = imu.linear_acceleration
+    a.x, a.y, a.z = acc
+    pose = PoseStamped()
+    pose.header.stamp, pose.header.frame_id = stamp, 'world'
+    p = pose.pose.position
+    p.x, p.y, p.z = world.base_position().tolist()
+    pose.pose.orientation = o
+    return js, imu, pose
