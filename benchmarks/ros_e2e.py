@@ -78,6 +78,16 @@ def ros_section(cfg, device, log):
                 raise TimeoutError(f'/{name}/trigger did not appear')
             out['trigger'] = _round_trips(lambda: call_service(cli, Trigger.Request(), 30.0),
                                           cfg['calls'], log, 'bare Trigger (floor)')
+            echo = PolicyClient(node, '/' + name, timeout=30.0)    # its topics, no services
+            deadline = time.monotonic() + 60.0
+            while echo._obs_pub.get_subscription_count() == 0 or \
+                    node.count_publishers(f'/{name}/action') == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f'/{name} echo topics did not connect')
+                time.sleep(0.01)
+            time.sleep(0.5)     # the echo's publisher matches our subscription too
+            out['echo'] = _topic_round_trips(echo, cfg['calls'], log, dim=48,
+                                             what='bare topic echo (floor)')
         finally:
             _stop(proc, plog)
         name = f'flashrt_bench_{os.getpid()}'
@@ -132,8 +142,7 @@ def _round_trips(call, n, log, what):
     return out
 
 
-def _topic_round_trips(client, n, log):
-    dim = None
+def _topic_round_trips(client, n, log, dim=None, what='observation -> action'):
     walls, lost = [], 0
     values = torch.randn(n + WARMUP, 4096, generator=torch.Generator().manual_seed(5))
     for i in range(n + WARMUP):
@@ -147,7 +156,7 @@ def _topic_round_trips(client, n, log):
             continue
         if i >= WARMUP:
             walls.append((time.perf_counter() - t0) * 1e6)
-    log(f'  observation -> action: {len(walls)} messages, p50 {stats(walls)["p50"]:.0f} us')
+    log(f'  {what}: {len(walls)} messages, p50 {stats(walls)["p50"]:.0f} us')
     return {'round_trip': stats(walls), 'lost': lost}
 
 

@@ -246,6 +246,7 @@ def render(results):
             out.append('|' + ' --- |' * 5)
             for name, key in (('bare Trigger call -> response (floor)', 'trigger'),
                               ('~/restore call -> response', 'restore'),
+                              ('bare topic echo message -> message (floor)', 'echo'),
                               ('observation -> action (topics)', 'observation_to_action')):
                 if key not in s:
                     continue

@@ -7,7 +7,7 @@ updated deterministically from what each operation did; the step path never read
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 import math
 import threading
@@ -382,20 +382,7 @@ class PolicyEngine:
         if name in self.store and not overwrite:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
         # Bookkeeping first, outside the timed window: latency_us is the copy itself.
-        nbytes = self.arena.live_nbytes(self.position)
-        old = self.store.peek(name) if overwrite else None
-        if (old is not None and old.manifest.tier == tier and old.data is not None
-                and old.data.numel() == nbytes):
-            # Overwriting a capsule of the same size in the same tier (periodic checkpoints, a
-            # planner's 'current' capsule): reuse its bytes, no allocation. put() cannot refuse
-            # it: the new capsule takes exactly the old one's room.
-            data = old.data
-        else:
-            # tier 'host': one copy straight into (pinned) host memory, e.g. for checkpoints
-            # that should not take device budget.
-            data = torch.empty(nbytes, dtype=torch.uint8,
-                               device=self.device if tier == 'device' else 'cpu',
-                               pin_memory=tier == 'host' and self.device.type == 'cuda')
+        data = self._room(name, overwrite, self.arena.live_nbytes(self.position), tier)
         with self._timer as timer:
             self.arena.read_live(self.position, data, self.transfer)
         # No checksum here: it would cost a device->host read on the hot path. It is computed
@@ -406,6 +393,21 @@ class PolicyEngine:
                      model_digest=self.model_digest, created=time.time())
         self.store.put(Capsule(m, data), overwrite=overwrite)
         return m, timer.us     # manifests are frozen: the caller cannot change the store's
+
+    def _room(self, name, overwrite, nbytes, tier, avoid=None):
+        """The bytes a new capsule `name` of `nbytes` in `tier` is copied into."""
+        old = self.store.peek(name) if overwrite else None
+        if (old is not None and old.manifest.tier == tier and old.data is not None
+                and old.data.numel() == nbytes and old.data is not avoid):
+            # Overwriting a capsule of the same size in the same tier (periodic checkpoints, a
+            # planner's 'current' capsule): reuse its bytes, no allocation. put() cannot refuse
+            # it: the new capsule takes exactly the old one's room.
+            return old.data
+        # tier 'host': one copy straight into (pinned) host memory, e.g. for checkpoints that
+        # should not take device budget.
+        return torch.empty(nbytes, dtype=torch.uint8,
+                           device=self.device if tier == 'device' else 'cpu',
+                           pin_memory=tier == 'host' and self.device.type == 'cuda')
 
     def snapshot(self, name='', overwrite=False, pin=False, tier='device'):
         """Copy the live bytes into a new capsule (one copy). The live state is not changed.
@@ -474,18 +476,20 @@ class PolicyEngine:
                 m, us = self._take(target, overwrite, pin=False)
                 return self._result(f'forked live state to {target!r}', m, us)
             self.store.validate_name(target)
-            src = self.store.get(source).manifest
+            capsule = self.store.get(source)
+            src = capsule.manifest
             if target in self.store and not overwrite:
                 raise CapsuleExists(f'capsule {target!r} exists; pass overwrite to replace it')
-            capsule = self.store.get(source)
             held = capsule.data
             if held is None:        # on disk: read and verified before anything is written
                 held = self.store.data_on(source, 'cpu')
-            data = torch.empty(src.nbytes, dtype=torch.uint8, device=self.device)
+            data = self._room(target, overwrite, src.nbytes, 'device', avoid=held)
             with self._timer as timer:
                 self.transfer.copy(data, held, src.nbytes)
-            m = replace(src, name=target, parent=source, tier='device', pinned=False,
-                        checksum='', created=time.time())
+            m = Manifest(name=target, parent=source, tier='device', pinned=False, step=src.step,
+                         episode=src.episode, position=src.position, nbytes=src.nbytes,
+                         schema_digest=src.schema_digest, model_digest=src.model_digest,
+                         created=time.time())
             self.store.put(Capsule(m, data), overwrite=overwrite)
             return self._result(f'forked {source!r} to {target!r}', m, timer.us)
 
