@@ -78,8 +78,8 @@ class PolicyClient:
                                               qos)
         self._actions = []
         self._action_event = threading.Condition()
-        node.create_subscription(Float32MultiArray, f'{self.policy}/action',
-                                 self._on_action, qos)
+        self._action_sub = node.create_subscription(Float32MultiArray, f'{self.policy}/action',
+                                                    self._on_action, qos)
         self.last_status = None
         node.create_subscription(fmsg.PolicyStatus, f'{self.policy}/status',
                                  self._on_status, 10)
@@ -100,8 +100,10 @@ class PolicyClient:
             if not client.wait_for_service(timeout_sec=left):
                 raise TimeoutError(f'service {self.policy}/{name} did not appear')
         action_topic = f'{self.policy}/action'
+        # matched on both sides (not only discovered in the graph), or the first observation
+        # or the first action could go to nobody
         while (self._obs_pub.get_subscription_count() == 0
-               or self.node.count_publishers(action_topic) == 0):
+               or self._action_sub.get_publisher_count() == 0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f'{self.policy}/observation and {action_topic} are not '
                                    'both connected: is the policy node active?')
