@@ -631,3 +631,30 @@ def test_input_tag_is_state(tmp_path):
         with pytest.raises(InvalidObservation, match='tag'):
             e.step(obs[3], tag=bad)
     assert torch.equal(live(e), before)
+
+
+@pytest.mark.cuda
+def test_cuda_integrated_memory_host_tier_needs_no_copy(tmp_path):
+    """Jetson Thor's GPU shares the host's DRAM (cudaDevAttrIntegrated): a host-tier capsule
+    stays device memory and demotion to the host tier is a relabel. Forced on a discrete GPU
+    here (the flag is what the engine reads from the device properties)."""
+    if not torch.cuda.is_available():
+        print('skipping: CUDA is not available on this machine')
+        pytest.skip('CUDA is not available')
+    e = PolicyEngine(POLICIES['recurrent'](), device='cuda', capsule_dir=str(tmp_path))
+    assert e.store.integrated == torch.cuda.get_device_properties(0).is_integrated
+    e.store.integrated = True
+    obs = observations(12)
+    for o in obs[:4]:
+        e.step(o)
+    h = e.snapshot('h', tier='host')
+    assert h.manifest.tier == 'host' and e.store.get('h').data.is_cuda
+    e.snapshot('d')
+    ptr = e.store.get('d').data.data_ptr()
+    e.store.device_budget = e.store.get('d').manifest.nbytes   # room for one capsule:
+    e.snapshot('x')                                              # 'd' moves to the host tier
+    assert e.store.placement()['d'] == 'host' and e.store.get('d').data.data_ptr() == ptr
+    expected = [e.step(o) for o in obs[4:12]]
+    for name in ('h', 'd'):
+        e.restore(name)
+        assert all(torch.equal(a, e.step(o)) for a, o in zip(expected, obs[4:12]))

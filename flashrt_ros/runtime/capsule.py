@@ -274,7 +274,8 @@ class CapsuleStore:
     placement() gives the budget tier of each capsule.
     """
 
-    def __init__(self, device, device_budget, host_budget, directory, signing_key=None):
+    def __init__(self, device, device_budget, host_budget, directory, signing_key=None,
+                 integrated=False):
         self.device = torch.device(device)
         self.device_budget = int(device_budget)
         self.host_budget = int(host_budget)
@@ -285,6 +286,9 @@ class CapsuleStore:
                 raise InvalidConfig(f'signing key of {len(signing_key)} bytes; use at least '
                                     f'{MIN_KEY_BYTES} random bytes')
         self._key = signing_key
+        # integrated: the device shares the host's memory (cudaDevAttrIntegrated); moving a
+        # capsule to the host tier then needs no copy (_demote), only the budget changes
+        self.integrated = bool(integrated)
         # Where each budget tier's bytes live. On a CPU engine 'device' memory is host memory,
         # and reporting it as 'device' told people their capsules sat on a GPU.
         self._reported = {'device': 'host' if self.device.type == 'cpu' else 'device',
@@ -459,8 +463,10 @@ class CapsuleStore:
         capsule = self._capsules[name]
         m = capsule.manifest
         if m.tier == 'device':
-            if capsule.data.device.type == 'cpu':
-                host = capsule.data     # already host memory (CPU engine), and immutable
+            if capsule.data.device.type == 'cpu' or self.integrated:
+                # already host memory (a CPU engine, or an integrated GPU such as Jetson
+                # Thor's, whose device memory is the host's DRAM): a relabel, no copy
+                host = capsule.data
             else:
                 # Straight into pinned memory when CUDA exists: one copy, and later
                 # host->device restores can run asynchronously.

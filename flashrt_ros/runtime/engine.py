@@ -120,8 +120,11 @@ class PolicyEngine:
         self.transfer = Transfer(self.device, use_cuda_python)
         # signing_key: bytes (capsule.load_signing_key) to sign capsule files and require
         # signatures on load; None: unsigned files, checksums only
+        # Jetson-class devices: GPU and CPU share one DRAM (cudaDevAttrIntegrated)
+        integrated = self.device.type == 'cuda' and \
+            torch.cuda.get_device_properties(self.device).is_integrated
         self.store = CapsuleStore(self.device, device_budget, host_budget, capsule_dir,
-                                  signing_key=signing_key)
+                                  signing_key=signing_key, integrated=integrated)
         self.ring = RollbackRing(self.arena, rollback_depth, self.transfer)
         self.model_digest = policy.model_digest()
         self.obs_dim, self.act_dim = int(policy.obs_dim), int(policy.act_dim)
@@ -404,10 +407,13 @@ class PolicyEngine:
             # it: the new capsule takes exactly the old one's room.
             return old.data
         # tier 'host': one copy straight into (pinned) host memory, e.g. for checkpoints that
-        # should not take device budget.
+        # should not take device budget. On an integrated device the device's memory is host
+        # memory already: the capsule stays a device allocation (a device-speed copy, no
+        # pinned staging) and only counts against the host budget.
+        on_device = tier == 'device' or self.store.integrated
         return torch.empty(nbytes, dtype=torch.uint8,
-                           device=self.device if tier == 'device' else 'cpu',
-                           pin_memory=tier == 'host' and self.device.type == 'cuda')
+                           device=self.device if on_device else 'cpu',
+                           pin_memory=not on_device and self.device.type == 'cuda')
 
     def snapshot(self, name='', overwrite=False, pin=False, tier='device'):
         """Copy the live bytes into a new capsule (one copy). The live state is not changed.
