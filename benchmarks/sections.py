@@ -8,6 +8,7 @@ copies, a dictionary of per-layer tensors) sit next to them in the same process.
 
 import gc
 import math
+import random
 import tempfile
 
 import torch
@@ -49,33 +50,37 @@ def interleaved(clock, timed, ops, iters, warmup=3, before=None, walled=None):
 
     Interleaving (rather than one loop per operation) makes the ratios within a row robust to
     a machine whose speed drifts during the run (a shared VM, GPU clocks): all columns see the
-    same conditions. timed: name -> fn, timed by `clock`; ops: name -> engine operation, kept
-    as (device-timed OpResult.latency_us, host wall of the whole call); before: name -> an
-    untimed fn run just before that op; walled: name -> fn timed by host wall (its own
-    synchronisation inside), reported with `timed`. Returns ({name: stats},
-    {name: (reported latency, wall)}).
+    same conditions. The order is shuffled every iteration (seeded), so no callable always runs
+    right after another one's `before` step (the first host call after a step measured ~8 us
+    slower on the CPU VM: cold caches); each takes each position equally often on average.
+    timed: name -> fn, timed by `clock`; walled: name -> fn timed by host wall (its own
+    synchronisation inside), reported with `timed`; ops: name -> engine operation, kept as
+    (OpResult.latency_us, host wall of the whole call); before: name -> an untimed fn run just
+    before that op. Returns ({name: stats}, {name: (reported latency, wall)}).
     """
-    walled = walled or {}
-    t = {k: [] for k in (*timed, *walled)}
-    dev, host = {k: [] for k in ops}, {k: [] for k in ops}
     before = before or {}
+    entries = [('timed', k, fn) for k, fn in timed.items()] + \
+        [('walled', k, fn) for k, fn in (walled or {}).items()] + \
+        [('op', k, fn) for k, fn in ops.items()]
+    t = {k: [] for kind, k, _ in entries if kind != 'op'}
+    dev, host = {k: [] for k in ops}, {k: [] for k in ops}
+    order = random.Random(0)
     for i in range(warmup + iters):
         keep = i >= warmup
-        for k, fn in timed.items():
-            us = clock.once(fn)
+        order.shuffle(entries)
+        for kind, k, fn in entries:
+            if kind == 'timed':
+                us = clock.once(fn)
+            elif kind == 'walled':
+                _, us = wall(fn)
+            else:
+                if k in before:
+                    before[k]()
+                result, us = wall(fn)
+                if keep:
+                    dev[k].append(result.latency_us)
             if keep:
-                t[k].append(us)
-        for k, fn in walled.items():
-            _, us = wall(fn)
-            if keep:
-                t[k].append(us)
-        for k, fn in ops.items():
-            if k in before:
-                before[k]()
-            result, us = wall(fn)
-            if keep:
-                dev[k].append(result.latency_us)
-                host[k].append(us)
+                (host[k] if kind == 'op' else t[k]).append(us)
     return ({k: stats(v) for k, v in t.items()},
             {k: (stats(dev[k]), stats(host[k])) for k in ops})
 
