@@ -508,17 +508,22 @@ class CapsuleStore:
         self._touch(m.name)
 
     @_locked
-    def data_on(self, name, device):
-        """The capsule's bytes on `device`; read from disk (checksum verified) if needed."""
-        capsule = self.get(name)
+    def held(self, capsule):
+        """A capsule's bytes where they are (device or host memory, no copy), or read from
+        its spill file into host memory with the checksum verified."""
         if capsule.data is not None:
-            return capsule.data.to(device, non_blocking=False)
+            return capsule.data
         manifest, data = read_file(capsule.path, self._key)
         if (manifest.checksum != capsule.manifest.checksum
                 or manifest.nbytes != capsule.manifest.nbytes):
-            raise CorruptCapsule(
-                f'spill file {capsule.path!r} does not hold capsule {name!r} any more')
-        return data.to(device)
+            raise CorruptCapsule(f'spill file {capsule.path!r} does not hold capsule '
+                                 f'{capsule.manifest.name!r} any more')
+        return data
+
+    @_locked
+    def data_on(self, name, device):
+        """The capsule's bytes on `device`; read from disk (checksum verified) if needed."""
+        return self.held(self.get(name)).to(device, non_blocking=False)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -549,7 +554,7 @@ class CapsuleStore:
                 f'file name {base!r} is reserved: {CHECKPOINT_PREFIX}* files in the capsule '
                 'directory are recovery checkpoints (restore_on_start would resume from it); '
                 'choose another file name')
-        data = capsule.data if capsule.data is not None else self.data_on(name, 'cpu')
+        data = self.held(capsule)
         digest = write_file(full, capsule.manifest, data, self._key)
         capsule.manifest = replace(capsule.manifest, checksum=digest)
         try:

@@ -442,7 +442,7 @@ class PolicyEngine:
         if kinds is None:
             # Device or host tier: one copy from where the bytes are (pinned host memory
             # straight into the arena). Disk: read and verified here, before any write.
-            data = capsule.data if capsule.data is not None else self.store.data_on(name, 'cpu')
+            data = self.store.held(capsule)
         else:
             data = self.store.data_on(name, self.device)
         with self._timer as timer:
@@ -486,9 +486,7 @@ class PolicyEngine:
             src = capsule.manifest
             if target in self.store and not overwrite:
                 raise CapsuleExists(f'capsule {target!r} exists; pass overwrite to replace it')
-            held = capsule.data
-            if held is None:        # on disk: read and verified before anything is written
-                held = self.store.data_on(source, 'cpu')
+            held = self.store.held(capsule)     # from disk: read, verified before any write
             data = self._room(target, overwrite, src.nbytes, 'device', avoid=held)
             with self._timer as timer:
                 self.transfer.copy(data, held, src.nbytes)
