@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from flashrt_ros.runtime.engine import PolicyEngine
+from flashrt_ros.runtime.graph import StepGraph
 from flashrt_ros.runtime.policies import make_policy, Policy
 from flashrt_ros.runtime.state import BufferSpec
 from flashrt_ros.runtime.transfer import Transfer
@@ -325,14 +326,9 @@ def first_action(e, H, hist, future, cfg, checks):
     _, done = interleaved(None, {}, {'restore': lambda: e.restore('h')}, cfg['restore_reps'], 2)
     op = done['restore'][0]
 
-    reprefill, diff = [], 0.0
-    for i in range(cfg['prefill_reps'] + 1):
-        e.reset_episode()                    # untimed: zeroes the arena, as a cold start would
-        (_, a), us = wall(lambda: (e.prefill(hist), e.step(future[0])))
-        diff = max(diff, float((a - original[0]).abs().max()))
-        if i >= 1:
-            reprefill.append(us)
-    r, p = stats(restored_first), stats(reprefill)
+    p, diff = _cold_starts(e, lambda: (e.prefill(hist), e.step(future[0]))[1], original[0],
+                           cfg['prefill_reps'], warmup=1)
+    r = stats(restored_first)
     graphed = _graphed_prefill(e, hist, future[0], cfg, original[0])
     fastest = p if 'skipped' in graphed or graphed['then_step']['p50'] > p['p50'] \
         else graphed['then_step']
@@ -355,17 +351,10 @@ def _graphed_prefill(e, hist, first_obs, cfg, reference):
         return {'skipped': 'needs CUDA graphs'}
     H = len(hist)
     tokens = hist.to(e.device)
-    stream = torch.cuda.Stream(e.device)
     e.reset_episode()
-    stream.wait_stream(torch.cuda.current_stream(e.device))
-    with torch.cuda.stream(stream):         # warm-up off the capture, as StepGraph does
-        e.policy.prefill(tokens, position=0)
-    torch.cuda.current_stream(e.device).wait_stream(stream)
-    e.reset_episode()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        e.policy.prefill(tokens, position=0)
-    torch.cuda.synchronize(e.device)
+    # the engine's own capture protocol (side-stream warm-up, state put back afterwards)
+    graph = StepGraph(lambda: e.policy.prefill(tokens, position=0), e.device, True,
+                      state=e.arena.storage)
 
     def cold_start():
         graph.replay()
@@ -373,14 +362,21 @@ def _graphed_prefill(e, hist, first_obs, cfg, reference):
         e.position, e.rollback_available = H, 0
         return e.step(first_obs)
 
+    times, diff = _cold_starts(e, cold_start, reference, cfg['prefill_reps'], warmup=2)
+    return {'then_step': times, 'max_abs_diff': diff}
+
+
+def _cold_starts(e, start, reference, reps, warmup):
+    """start() -> first action from a zeroed arena, timed (host wall) `reps` times after
+    `warmup` untimed ones: (stats, max abs difference of its actions from `reference`)."""
     times, diff = [], 0.0
-    for i in range(cfg['prefill_reps'] + 2):
+    for i in range(warmup + reps):
         e.reset_episode()                    # untimed: zeroes the arena, as a cold start would
-        a, us = wall(cold_start)
+        a, us = wall(start)
         diff = max(diff, float((a - reference).abs().max()))
-        if i >= 2:
+        if i >= warmup:
             times.append(us)
-    return {'then_step': stats(times), 'max_abs_diff': diff}
+    return stats(times), diff
 
 
 def kv_ablation(e, H, future, original, checks):
