@@ -3,11 +3,17 @@
 One lock serialises step() and every capsule operation, so an operation always sees the state
 between two steps. Host mirrors of the meta counters (step_index, episode, position) are
 updated deterministically from what each operation did; the step path never reads the device.
+
+Sessions: an engine built with sessions=N holds N independent policy states (one contiguous
+block each, StateArena) and steps them all in one replay: step_all() takes [N, obs_dim] and an
+active mask; an inactive session's state is put back from the rollback ring inside the same
+graph, so it stays bit for bit what it was. Every capsule operation takes `session` (index or
+name); with one session it may be left out, with several it must be given.
 """
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 import math
 import threading
@@ -66,31 +72,60 @@ class _Timer:
 
 
 class RollbackRing:
-    """depth slots of the static block; slot (meta step % depth) holds the PRE-step block.
+    """depth slots per session of its static block; a session's slot (its meta step % depth)
+    holds its PRE-step block.
 
-    Invariant: the pre-step state of step s lives in slot s % depth until step s + depth
-    overwrites it. Append buffers need no copy: a step only writes row `position`, so the prefix
-    before an older position is unchanged, and the position itself is in the static block.
+    Invariant: the pre-step state of a session's step s lives in its slot s % depth until step
+    s + depth overwrites it. Append buffers need no copy: a step only writes row `position`, so
+    the prefix before an older position is unchanged, and the position itself is in the static
+    block. A session left out of a tick has its slot rewritten with its unchanged state, which
+    costs it the oldest entry (the engine then offers depth - 1).
     """
 
     def __init__(self, arena, depth, transfer):
         if depth < 1:
             raise InvalidConfig(f'rollback_depth must be >= 1, got {depth}')
         self.depth = int(depth)
-        self.static = arena.static_block()                          # uint8 [static_nbytes]
-        self.slots = torch.zeros(self.depth, self.static.numel(), dtype=torch.uint8,
-                                 device=arena.storage.device)       # [depth, static_nbytes]
-        self.step_view = arena['meta'][META_STEP:META_STEP + 1]     # int64 [1]
+        self.arena = arena
+        self.static = arena.static_blocks()                 # uint8 [sessions, static_nbytes]
+        sessions, self.nbytes = self.static.shape
+        self.slots = torch.zeros(sessions, self.depth, self.nbytes, dtype=torch.uint8,
+                                 device=arena.storage.device)
+        self.step_view = arena.batched['meta'][:, META_STEP]        # int64 [sessions]
+        self._rows = torch.arange(sessions, device=arena.storage.device)
+        self._slot = torch.zeros(sessions, dtype=torch.int64, device=arena.storage.device)
         self._transfer = transfer
 
     def record(self):
-        # Device-side slot index and index_copy_: no host sync, so it rides inside the graph.
-        self.slots.index_copy_(0, self.step_view % self.depth, self.static.unsqueeze(0))
+        # Device-side slot indices and index_put_: no host sync, so it rides inside the graph.
+        torch.remainder(self.step_view, self.depth, out=self._slot)
+        self.slots.index_put_((self._rows, self._slot), self.static)
 
-    def restore(self, step):
-        """Put back the pre-step static block of step `step` (the caller checks availability)."""
-        n = self.static.numel()
-        self._transfer.copy(self.static, self.slots, n, src_offset=(step % self.depth) * n)
+    def recorded(self):
+        """[sessions, static_nbytes]: the blocks the latest record() saved (pre-step state)."""
+        return self.slots[self._rows, self._slot]
+
+    def restore(self, step, session=0):
+        """Put back a session's pre-step static block of step `step` (the caller checks
+        availability)."""
+        n = self.nbytes
+        self._transfer.copy(self.arena.storage, self.slots, n,
+                            dst_offset=session * self.arena.block_nbytes,
+                            src_offset=(session * self.depth + step % self.depth) * n)
+
+
+@dataclass
+class Session:
+    """Host mirrors of one session's counters and lineage (the device holds the truth in
+    meta; these follow it deterministically from what each operation did)."""
+    index: int
+    name: str
+    step_index: int = 0
+    episode: int = 0
+    position: int = 0
+    rollback_available: int = 0
+    lineage: str = ''       # the capsule the live state descends from (manifest.parent)
+    latencies: deque = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
 
 class PolicyEngine:
@@ -98,11 +133,14 @@ class PolicyEngine:
 
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
-                 debug=False, last_action=None, signing_key=None, use_cuda_python=True):
+                 debug=False, last_action=None, signing_key=None, use_cuda_python=True,
+                 sessions=1, session_names=None):
         """last_action: (start, size, scale, offset, clip) of an observation slot that the
         step fills from the previous action (ObservationLayout.device_feedback()), or None.
         That action is then state ('last_action' in the arena), restored with a capsule.
-        use_cuda_python: issue copies through cuda-python where it imports (Transfer)."""
+        use_cuda_python: issue copies through cuda-python where it imports (Transfer).
+        sessions: independent policy states stepped together (step_all); session_names: a
+        name for each (default '0', '1', ...), usable wherever a session is addressed."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.debug = debug
@@ -114,9 +152,22 @@ class PolicyEngine:
         if last_action is not None:
             specs.append(BufferSpec('last_action', (int(policy.act_dim),), torch.float32,
                                     'history'))
-        self.arena = StateArena(specs, self.device)
-        self.meta = self.arena['meta']
-        self.policy.bind(self.arena.views)
+        self.arena = StateArena(specs, self.device, sessions)
+        self.sessions = self.arena.sessions
+        names = [str(i) for i in range(self.sessions)] if session_names is None \
+            else [str(n) for n in session_names]
+        if len(names) != self.sessions or len(set(names)) != len(names) or not all(names):
+            raise InvalidConfig(f'session_names must be {self.sessions} distinct non-empty '
+                                f'names, got {names}')
+        clash = [n for i, n in enumerate(names) if n.isdigit() and int(n) != i]
+        if clash:
+            raise InvalidConfig(f'session names {clash} read as the index of another session')
+        self._sessions = [Session(i, n) for i, n in enumerate(names)]
+        self._by_name = {n: s for n, s in zip(names, self._sessions)}
+        self.meta = self.arena['meta']          # session 0's counters
+        self._meta_all = self.arena.batched['meta']                  # int64 [sessions, 4]
+        self._batched = bool(getattr(policy, 'batched', False))
+        self._bind_for_step()
         self.transfer = Transfer(self.device, use_cuda_python)
         # signing_key: bytes (capsule.load_signing_key) to sign capsule files and require
         # signatures on load; None: unsigned files, checksums only
@@ -132,36 +183,40 @@ class PolicyEngine:
         # The output holds the action and, after it, the step's finite flag (1.0 when the
         # action and every static floating-point state buffer are finite, else 0.0): one
         # device->host copy and one synchronisation bring back both.
-        self.obs_buf = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
-        self.out_buf = torch.zeros(self.act_dim + 1, dtype=torch.float32, device=self.device)
-        self.act_buf = self.out_buf[:self.act_dim]
-        self._finite_flag = self.out_buf[self.act_dim:]
+        # Rows are sessions. Control: per session (active, tag); tag 0 leaves meta's tag as is.
+        n, dev = self.sessions, self.device
+        self.obs_buf = torch.zeros(n, self.obs_dim, dtype=torch.float32, device=dev)
+        self.out_buf = torch.zeros(n, self.act_dim + 1, dtype=torch.float32, device=dev)
+        self.act_buf = self.out_buf[:, :self.act_dim]
+        self._finite_flag = self.out_buf[:, self.act_dim]
+        self._ctl_buf = torch.zeros(n, 2, dtype=torch.int64, device=dev)
         # Pinned host staging on CUDA: the obs/action transfers are then plain async DMA on the
         # step's stream instead of pageable copies that stall the host.
         pin = self.device.type == 'cuda'
-        self._obs_host = torch.zeros(self.obs_dim, dtype=torch.float32, pin_memory=pin)
-        self._out_host = torch.zeros(self.act_dim + 1, dtype=torch.float32, pin_memory=pin)
+        self._obs_host = torch.zeros(n, self.obs_dim, dtype=torch.float32, pin_memory=pin)
+        self._out_host = torch.zeros(n, self.act_dim + 1, dtype=torch.float32, pin_memory=pin)
+        self._ctl_host = torch.zeros(n, 2, dtype=torch.int64, pin_memory=pin)
         self._obs_np, self._out_np = self._obs_host.numpy(), self._out_host.numpy()
-        self._tag_host = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
-        self._tag_np = self._tag_host.numpy()
+        self._ctl_np = self._ctl_host.numpy()
         self.last_step_finite = True    # the flag of the latest step (see verdict in recovery)
+        self.last_finite = np.ones(n, dtype=bool)   # per session, from the latest step_all
         self._advances = self.arena.capacity > 0     # history policies move position each step
         self._lock = threading.Lock()
         self._timer = _Timer(self.transfer)
         self._latencies = deque(maxlen=1024)
         self._snap_count = 0
-        self._lineage = ''          # capsule the live state descends from (manifest.parent)
         self.rejected_observations = 0
-        self.episode = 0
-        self._reinit(episode=0)
+        for s in self._sessions:
+            self._reinit(s, episode=0)
         self._ptrs = {n: v.data_ptr() for n, v in self.arena.views.items()}
         if last_action is not None:
             self._feedback = self._make_feedback(*last_action)
-        # What the finite flag covers: the action and the static float buffers (the history's
-        # append rows are checked when a checkpoint is taken or chosen: nonfinite_buffers).
+        # What the finite flag covers, per session: the action and the static float buffers
+        # (the history's append rows are checked when a checkpoint is taken or chosen:
+        # nonfinite_buffers). Rows of the batched views; a session's part is contiguous.
         self._finite_over = [self.act_buf] + [
-            v for n, v in self.arena.views.items() if v.is_floating_point() and v.numel()
-            and self.arena.specs[n].growth == 'static']
+            v.flatten(1) for name, v in self.arena.batched.items() if v.is_floating_point()
+            and v.numel() and self.arena.specs[name].growth == 'static']
 
         # Same step function on every device: captured on CUDA, called eagerly on CPU. A
         # policy whose step cost grows with the history span (spans()) gets one step per span,
@@ -187,11 +242,27 @@ class PolicyEngine:
         scale, offset = np.asarray(scale, np.float64), np.asarray(offset, np.float64)
         identity = bool(np.all(scale == 1.0) and np.all(offset == 0.0) and clip is None)
         as_t = partial(torch.tensor, dtype=torch.float32, device=self.device)
-        return (self.obs_buf[start:start + size], self.arena['last_action'], identity,
-                as_t(scale), as_t(offset), clip)
+        return (self.obs_buf[:, start:start + size], self.arena.batched['last_action'],
+                identity, as_t(scale), as_t(offset), clip)
+
+    def _bind_for_step(self):
+        """Bind the policy the way the step runs it: batched views of every session when it
+        computes a fleet at once, else session 0's views (the step rebinds per session)."""
+        if self._batched:
+            self.policy.bind(self.arena.batched, self.sessions)
+        else:
+            self.policy.bind(self.arena.session_views[0])
+
+    def _bound_to(self, index):
+        """Bind the policy to one session's own views (reset, prefill); _bind_for_step()
+        undoes it."""
+        self.policy.bind(self.arena.session_views[index])
 
     def _step_fn(self, span=None):
-        self.ring.record()
+        self.ring.record()      # every session's pre-step static block, before any write
+        tag = self._ctl_buf[:, 1]
+        meta_tag = self._meta_all[:, META_TAG]
+        meta_tag.copy_(torch.where(tag != 0, tag, meta_tag))
         if self._feedback is not None:
             slot, last, identity, scale, offset, clip = self._feedback
             if identity:        # a float32 copy: the slot holds the action bit for bit
@@ -199,26 +270,75 @@ class PolicyEngine:
             else:
                 value = (last - offset) * scale
                 slot.copy_(value if clip is None else value.clamp(clip[0], clip[1]))
-        if span is None:
-            self.policy.step(self.obs_buf, self.act_buf)
-        else:
-            self.policy.step(self.obs_buf, self.act_buf, span)
+        extra = () if span is None else (span,)
+        if self._batched:           # the whole fleet in one computation
+            self.policy.step(self.obs_buf, self.act_buf, *extra)
+        elif self.sessions == 1:
+            self.policy.step(self.obs_buf[0], self.act_buf[0], *extra)
+        else:                       # session by session, all inside one graph
+            for i, views in enumerate(self.arena.session_views):
+                self.policy.bind(views)
+                self.policy.step(self.obs_buf[i], self.act_buf[i], *extra)
         if self._feedback is not None:
             self._feedback[1].copy_(self.act_buf)
-        self.meta[META_STEP:META_STEP + 1].add_(1)
-        # The max-abs norm of a tensor is NaN or Inf exactly when an element is, and never
-        # overflows; one multi-tensor kernel covers every buffer.
-        norms = torch._foreach_norm(self._finite_over, math.inf)
-        self._finite_flag.copy_(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+        self._meta_all[:, META_STEP].add_(1)
+        # The max-abs norm of a row is NaN or Inf exactly when an element is, and never
+        # overflows: one reduction per buffer gives every session's verdict.
+        norms = [torch.linalg.vector_norm(v, math.inf, dim=1).float() for v in self._finite_over]
+        self._finite_flag.copy_(torch.isfinite(torch.stack(norms)).all(0))
+        if self.sessions > 1:
+            # sessions left out of this tick get their pre-step static block back (from the
+            # ring's slot just written): their state, counters included, is unchanged; an
+            # append row written at their position lies beyond their live prefix
+            active = self._ctl_buf[:, 0:1] != 0
+            static = self.ring.static
+            static.copy_(torch.where(active, static, self.ring.recorded()))
 
-    def _reinit(self, episode):
-        """Initial state: zeros, the policy's own initial values, meta = [0, episode, 0, 0]."""
-        self.arena.zero_()
-        self.policy.reset_state()
-        self.meta[META_EPISODE] = episode
-        self.step_index, self.episode, self.position = 0, episode, 0
-        self.rollback_available = 0
-        self._lineage = ''
+    def _reinit(self, s, episode):
+        """A session's initial state: zeros, the policy's own initial values, meta =
+        [0, episode, 0, 0]."""
+        self.arena.zero_(s.index)
+        self._bound_to(s.index)
+        try:
+            self.policy.reset_state()
+        finally:
+            self._bind_for_step()
+        self.arena.session_views[s.index]['meta'][META_EPISODE] = episode
+        s.step_index, s.episode, s.position = 0, episode, 0
+        s.rollback_available = 0
+        s.lineage = ''
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def session(self, key=None):
+        """The Session record for an index (int or decimal string) or a name. None or '' is
+        the only session of a single-session engine; with several, leaving it out is refused
+        (a capsule operation on a guessed robot would change the wrong robot's actions)."""
+        if key is None or key == '':
+            if self.sessions == 1:
+                return self._sessions[0]
+            raise InvalidConfig(f'this engine runs {self.sessions} sessions: name one '
+                                f'(an index 0..{self.sessions - 1} or a name)')
+        if isinstance(key, str) and key in self._by_name:
+            return self._by_name[key]
+        if isinstance(key, str) and key.isdigit():
+            key = int(key)
+        if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < self.sessions:
+            return self._sessions[key]
+        names = ', '.join(s.name for s in self._sessions[:8])
+        more = ', ...' if self.sessions > 8 else ''
+        raise InvalidConfig(f'no session {key!r}: indices are 0..{self.sessions - 1}, names '
+                            f'{names}{more}')
+
+    @property
+    def session_names(self):
+        return [s.name for s in self._sessions]
+
+    # The single-session view of the counters (session 0 of a multi-session engine).
+    step_index = property(lambda self: self._sessions[0].step_index)
+    episode = property(lambda self: self._sessions[0].episode)
+    position = property(lambda self: self._sessions[0].position)
+    rollback_available = property(lambda self: self._sessions[0].rollback_available)
 
     def _to_obs(self, obs, rows=None):
         """Validate on the host before anything on the device is touched.
@@ -241,56 +361,109 @@ class PolicyEngine:
             raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
         return a
 
-    def step(self, obs, tag=None):
+    def _check_tag(self, tag):
+        if tag is not None and not (isinstance(tag, int) and not isinstance(tag, bool)
+                                    and 0 < tag < 1 << 63):
+            raise InvalidObservation(f'step tag must be an int in [1, 2**63), got {tag!r}')
+        return tag or 0
+
+    def step(self, obs, tag=None, session=None):
         """Committed boundary: obs [obs_dim] -> action (CPU float32 [act_dim]).
 
         tag: an int in [1, 2**63) naming the input this step consumes (e.g. a lock-step
         node's sensor stamp), stored in the state (meta) so that a capsule, a rollback or a
         restart knows which input its state has already answered (input_tag()). Refuses
         (InvalidObservation, CapacityExceeded) before touching the state.
+        session: which session steps (the others stay as they are); may be left out with one.
         """
-        if tag is not None and not (isinstance(tag, int) and 0 < tag < 1 << 63):
-            raise InvalidObservation(f'step tag must be an int in [1, 2**63), got {tag!r}')
+        self._check_tag(tag)
         with self._lock:
+            s = self.session(session)
             try:
                 t = self._to_obs(obs)
             except InvalidObservation:
                 self.rejected_observations += 1
                 raise
-            if self._advances and self.position >= self.arena.capacity:
-                raise CapacityExceeded(
-                    f'history is full ({self.arena.capacity} positions); reset the episode, '
-                    'restore or roll back')
-            self._obs_np[:] = t
-            copy = self.transfer.copy
-            with self._timer as timer:      # its exit synchronises the device, once
-                copy(self.obs_buf, self._obs_host, 4 * self.obs_dim)
-                self._graph_for(self.position).replay()
-                if tag is not None:     # after the replay: the ring holds the previous tag
-                    self._tag_np[0] = tag
-                    copy(self.meta, self._tag_host, 8, dst_offset=8 * META_TAG)
-                copy(self._out_host, self.out_buf, 4 * (self.act_dim + 1))
-            out = self._out_np
-            action = torch.from_numpy(out[:self.act_dim].copy())
-            self.last_step_finite = bool(out[self.act_dim] == 1.0)
-            self._latencies.append(timer.us)
-            self.step_index += 1
-            self.position += int(self._advances)
-            self.rollback_available = min(self.rollback_available + 1, self.ring.depth)
-            self._check()
-            return action
+            active = np.zeros(self.sessions, dtype=bool)
+            active[s.index] = True
+            self._obs_np[s.index] = t
+            tags = np.zeros(self.sessions, dtype=np.int64)
+            tags[s.index] = tag or 0
+            return self._step_locked(active, tags)[s.index]
 
-    def input_tag(self):
+    def step_all(self, obs, active=None, tags=None):
+        """One tick for the fleet: obs [sessions, obs_dim] -> actions (CPU float32
+        [sessions, act_dim]), one graph replay for every session.
+
+        active: bools [sessions] (default all): sessions left out keep their state bit for
+        bit (their rows of obs are ignored but must be finite; their actions are
+        meaningless). tags: per session an int in [1, 2**63) or None (see step()).
+        last_finite holds each session's finite flag afterwards.
+        """
+        n = self.sessions
+        tags = np.array([self._check_tag(t) for t in (tags if tags is not None else [None] * n)],
+                        dtype=np.int64)
+        mask = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+        if tags.shape != (n,) or mask.shape != (n,):
+            raise InvalidObservation(f'step_all needs {n} tags and {n} active flags, got '
+                                     f'{tags.shape[0]} and {mask.shape}')
+        with self._lock:
+            try:
+                t = self._to_obs(obs, rows=n)
+            except InvalidObservation:
+                self.rejected_observations += 1
+                raise
+            self._obs_np[:] = t
+            return self._step_locked(mask, tags)
+
+    def _step_locked(self, active, tags):
+        sessions = [s for s in self._sessions if active[s.index]]
+        if not sessions:
+            raise InvalidObservation('step_all: no session is active')
+        if self._advances:
+            full = [s.name for s in sessions if s.position >= self.arena.capacity]
+            if full:
+                which = '' if self.sessions == 1 else f' (sessions {full})'
+                raise CapacityExceeded(
+                    f'history is full ({self.arena.capacity} positions){which}; reset the '
+                    'episode, restore or roll back')
+        ctl = self._ctl_np
+        ctl[:, 0], ctl[:, 1] = active, tags
+        copy, n = self.transfer.copy, self.sessions
+        with self._timer as timer:      # its exit synchronises the device, once
+            copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
+            copy(self._ctl_buf, self._ctl_host, 16 * n)
+            self._graph_for(max(s.position for s in sessions)).replay()
+            copy(self._out_host, self.out_buf, 4 * n * (self.act_dim + 1))
+        out = self._out_np
+        actions = torch.from_numpy(out[:, :self.act_dim].copy())
+        self.last_finite = out[:, self.act_dim] == 1.0
+        self.last_step_finite = bool(self.last_finite[active].all())
+        self._latencies.append(timer.us)
+        depth = self.ring.depth
+        for s in self._sessions:
+            if active[s.index]:
+                s.step_index += 1
+                s.position += int(self._advances)
+                s.rollback_available = min(s.rollback_available + 1, depth)
+            else:       # its ring slot was rewritten with its unchanged state
+                s.rollback_available = min(s.rollback_available, depth - 1)
+        self._check()
+        return actions
+
+    def input_tag(self, session=None):
         """The tag of the input the live state's latest step consumed (step(tag=)); 0 when
         none. Read from the state itself, so it follows restores, rollbacks and resets."""
         with self._lock:
-            return int(self.meta[META_TAG])
+            s = self.session(session)
+            return int(self.arena.session_views[s.index]['meta'][META_TAG])
 
-    def last_action(self):
+    def last_action(self, session=None):
         """The previous action held in the state ('last_action', when the engine feeds it
         back), as float32 numpy [act_dim]; None when the state keeps none."""
         with self._lock:
-            last = self.arena.views.get('last_action')
+            s = self.session(session)
+            last = self.arena.session_views[s.index].get('last_action')
             return None if last is None else last.cpu().numpy().copy()
 
     def _graph_for(self, position):
@@ -300,9 +473,10 @@ class PolicyEngine:
             return graphs[bisect.bisect_right(self.spans, position)]
         return graphs[0]
 
-    def prefill(self, observations):
+    def prefill(self, observations, session=None):
         """Feed [T, obs_dim] observations into the history (eager); ring is cleared."""
         with self._lock:
+            s = self.session(session)
             try:
                 if not hasattr(observations, '__len__'):
                     raise InvalidObservation('prefill needs a [T, obs_dim] array of observations')
@@ -313,16 +487,20 @@ class PolicyEngine:
                 raise
             if not self._advances:
                 raise InvalidConfig(f'policy kind {self.policy.kind!r} has no history to prefill')
-            if self.position + rows > self.arena.capacity:
+            if s.position + rows > self.arena.capacity:
                 raise CapacityExceeded(
-                    f'prefill of {rows} positions at position {self.position} exceeds the '
+                    f'prefill of {rows} positions at position {s.position} exceeds the '
                     f'capacity {self.arena.capacity}')
-            self.policy.prefill(torch.from_numpy(t).to(self.device))
-            self.position += rows
-            self.rollback_available = 0   # ring slots are indexed by step, prefill is not one
+            self._bound_to(s.index)
+            try:
+                self.policy.prefill(torch.from_numpy(t).to(self.device))
+            finally:
+                self._bind_for_step()
+            s.position += rows
+            s.rollback_available = 0   # ring slots are indexed by step, prefill is not one
             self._check()
 
-    def nonfinite_buffers(self, name=None, static_only=False):
+    def nonfinite_buffers(self, name=None, static_only=False, session=None):
         """Names of floating-point buffers holding NaN/Inf in the live state (or in capsule
         `name`), live range only; static_only skips the append (history) buffers. Costs one
         reduction per buffer and one device sync."""
@@ -330,8 +508,9 @@ class PolicyEngine:
             if name is None:
                 # the live views themselves (this runs every step when the node checks for
                 # poison): append buffers sliced to the live prefix, nothing unpacked
-                views = {n: v[:self.position] if self.arena.specs[n].growth == 'append' else v
-                         for n, v in self.arena.views.items()}
+                s = self.session(session)
+                views = {n: v[:s.position] if self.arena.specs[n].growth == 'append' else v
+                         for n, v in self.arena.session_views[s.index].items()}
             else:
                 m = self.store.get(name).manifest
                 views = self.arena.unpack(self.store.data_on(name, self.device), m.position)
@@ -342,7 +521,7 @@ class PolicyEngine:
             flags = torch.stack([torch.isfinite(v).all() for _, v in floats]).tolist()
             return [n for (n, _), ok in zip(floats, flags) if not ok]
 
-    def clear_beyond_position(self):
+    def clear_beyond_position(self, session=None):
         """Zeroes the append rows past the live position.
 
         Normally unneeded: steps mask those rows out. But a NaN/Inf row left there by a
@@ -350,7 +529,8 @@ class PolicyEngine:
         poisoned state calls this once. Costs a write of the unused capacity.
         """
         with self._lock:
-            self.arena.storage[self.arena.live_nbytes(self.position):].zero_()
+            s = self.session(session)
+            self.arena.blocks[s.index][self.arena.live_nbytes(s.position):].zero_()
 
     def step_latency_us(self):
         """(p50, p99) over recent steps; NaN before the first step."""
@@ -365,33 +545,35 @@ class PolicyEngine:
             return
         for n, v in self.arena.views.items():
             assert v.data_ptr() == self._ptrs[n], f'buffer {n} moved'
-        meta = self.meta.tolist()
-        assert meta[:3] == [self.step_index, self.episode, self.position], (meta, self.step_index)
+        for s, meta in zip(self._sessions, self._meta_all.tolist()):
+            assert meta[:3] == [s.step_index, s.episode, s.position], (s, meta)
 
     # -- capsule operations (all between steps, under the lock) --------------------------------
 
-    def _result(self, message, manifest, us):
+    def _result(self, message, manifest, us, s=None):
         """The OpResult; a manifest's tier as the store reports it (a CPU engine's 'device'
-        tier is host memory, so it says 'host', as list_capsules does)."""
+        tier is host memory, so it says 'host', as list_capsules does). step: the session's
+        step (session 0's when the operation concerns none)."""
         if manifest is not None:
             manifest = self.store.reported(manifest)
-        return OpResult(True, message, manifest, us, self.step_index)
+        step = (s or self._sessions[0]).step_index
+        return OpResult(True, message, manifest, us, step)
 
-    def _take(self, name, overwrite, pin, tier='device'):
+    def _take(self, name, overwrite, pin, tier, s):
         if not name:
             self._snap_count += 1
-            name = f'snap-{self.step_index}-{self._snap_count}'
+            name = f'snap-{s.step_index}-{self._snap_count}'
         self.store.validate_name(name)
         if name in self.store and not overwrite:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
         # Bookkeeping first, outside the timed window: latency_us is the copy itself.
-        data = self._room(name, overwrite, self.arena.live_nbytes(self.position), tier)
+        data = self._room(name, overwrite, self.arena.live_nbytes(s.position), tier)
         with self._timer as timer:
-            self.arena.read_live(self.position, data, self.transfer)
+            self.arena.read_live(s.position, data, self.transfer, s.index)
         # No checksum here: it would cost a device->host read on the hot path. It is computed
         # when the capsule is written to disk and checked on every read from disk.
-        m = Manifest(name=name, parent=self._lineage, tier=tier, pinned=bool(pin),
-                     step=self.step_index, episode=self.episode, position=self.position,
+        m = Manifest(name=name, parent=s.lineage, tier=tier, pinned=bool(pin),
+                     step=s.step_index, episode=s.episode, position=s.position,
                      nbytes=data.numel(), schema_digest=self.arena.schema_digest,
                      model_digest=self.model_digest, created=time.time())
         self.store.put(Capsule(m, data), overwrite=overwrite)
@@ -415,19 +597,25 @@ class PolicyEngine:
                            device=self.device if on_device else 'cpu',
                            pin_memory=not on_device and self.device.type == 'cuda')
 
-    def snapshot(self, name='', overwrite=False, pin=False, tier='device'):
-        """Copy the live bytes into a new capsule (one copy). The live state is not changed.
+    def _of(self, s):
+        """' of session <name>' in a multi-session engine's messages, else ''."""
+        return '' if self.sessions == 1 else f' of session {s.name!r}'
+
+    def snapshot(self, name='', overwrite=False, pin=False, tier='device', session=None):
+        """Copy a session's live bytes into a new capsule (one copy). The live state is not
+        changed.
 
         tier: 'device' (default) or 'host' (pinned host memory).
         """
         if tier not in ('device', 'host'):
             raise InvalidConfig(f"snapshot tier must be 'device' or 'host', got {tier!r}")
         with self._lock:
-            m, us = self._take(name, overwrite, pin, tier)
-            return self._result(f'snapshot {m.name!r}: {m.nbytes} bytes at step {m.step}',
-                                m, us)
+            s = self.session(session)
+            m, us = self._take(name, overwrite, pin, tier, s)
+            return self._result(f'snapshot {m.name!r}{self._of(s)}: {m.nbytes} bytes at step '
+                                f'{m.step}', m, us, s)
 
-    def _restore(self, name, kinds=None):
+    def _restore(self, name, kinds, s):
         capsule = self.store.get(name)
         m = capsule.manifest
         check_compatible(m, self.arena.schema_digest, self.model_digest)
@@ -447,40 +635,45 @@ class PolicyEngine:
             data = self.store.data_on(name, self.device)
         with self._timer as timer:
             if kinds is None:
-                self.arena.write_live(m.position, data, self.transfer)
+                self.arena.write_live(m.position, data, self.transfer, s.index)
             else:
                 views = self.arena.unpack(data, m.position)
                 for n in names:
-                    dst = self.arena[n]
+                    dst = self.arena.session_views[s.index][n]
                     if self.arena.specs[n].growth == 'append':
                         dst = dst[:m.position]
                     dst.copy_(views[n])
         if kinds is None or 'meta' in kinds:
-            self.step_index, self.episode, self.position = m.step, m.episode, m.position
-        self.rollback_available = 0
-        self._lineage = name
+            s.step_index, s.episode, s.position = m.step, m.episode, m.position
+        s.rollback_available = 0
+        s.lineage = name
         self._check()
         return m, timer.us
 
-    def restore(self, name, kinds=None):
-        """Make the live bytes equal the capsule's (kinds: only buffers of those kinds).
+    def restore(self, name, kinds=None, session=None):
+        """Make a session's live bytes equal the capsule's (kinds: only buffers of those
+        kinds). The capsule may come from any session, or from a single-session engine of the
+        same model: the layout of one session is the same everywhere.
 
         Runs between steps; does not reallocate; refusals leave the live state unchanged.
         """
         with self._lock:
-            m, us = self._restore(name, kinds)
+            s = self.session(session)
+            m, us = self._restore(name, kinds, s)
             what = 'all buffers' if kinds is None else f'kinds {sorted(set(kinds))}'
-            return self._result(f'restored {name!r} ({what}) to step {m.step}', m, us)
+            return self._result(f'restored {name!r} ({what}){self._of(s)} to step {m.step}',
+                                m, us, s)
 
-    def fork(self, source, target, overwrite=False):
-        """Copy capsule `source` (or the live state when source is '') to a new name.
+    def fork(self, source, target, overwrite=False, session=None):
+        """Copy capsule `source` (or a session's live state when source is '') to a new name.
 
         The copy owns its bytes: deleting or overwriting either leaves the other intact.
         """
         with self._lock:
             if not source:
-                m, us = self._take(target, overwrite, pin=False)
-                return self._result(f'forked live state to {target!r}', m, us)
+                s = self.session(session)
+                m, us = self._take(target, overwrite, False, 'device', s)
+                return self._result(f'forked live state{self._of(s)} to {target!r}', m, us, s)
             self.store.validate_name(target)
             capsule = self.store.get(source)
             src = capsule.manifest
@@ -497,27 +690,31 @@ class PolicyEngine:
             self.store.put(Capsule(m, data), overwrite=overwrite)
             return self._result(f'forked {source!r} to {target!r}', m, timer.us)
 
-    def rollback(self, steps):
-        """Restore the state of `steps` committed steps ago (1 <= steps <= rollback_available).
+    def rollback(self, steps, session=None):
+        """Restore a session's state of `steps` committed steps ago (1 <= steps <=
+        rollback_available).
 
         Copies only the static block; append buffers keep their (unchanged) prefix.
         """
         with self._lock:
+            s = self.session(session)
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise RollbackUnavailable(f'rollback needs a whole number of steps >= 1, '
                                           f'got {steps!r}')
-            if steps > self.rollback_available:
+            if steps > s.rollback_available:
                 raise RollbackUnavailable(
-                    f'cannot roll back {steps} steps: {self.rollback_available} available '
-                    f'(ring depth {self.ring.depth}; cleared by restore, reset and prefill)')
-            target = self.step_index - steps
+                    f'cannot roll back {steps} steps{self._of(s)}: {s.rollback_available} '
+                    f'available (ring depth {self.ring.depth}; cleared by restore, reset and '
+                    'prefill)')
+            target = s.step_index - steps
             with self._timer as timer:
-                self.ring.restore(target)
-            self.step_index = target
-            self.position -= steps * int(self._advances)
-            self.rollback_available -= steps
+                self.ring.restore(target, s.index)
+            s.step_index = target
+            s.position -= steps * int(self._advances)
+            s.rollback_available -= steps
             self._check()
-            return self._result(f'rolled back {steps} steps to step {target}', None, timer.us)
+            return self._result(f'rolled back {steps} steps{self._of(s)} to step {target}',
+                                None, timer.us, s)
 
     def delete(self, name):
         """Remove a capsule from the store; the live state is not touched."""
@@ -551,19 +748,22 @@ class PolicyEngine:
             result.path = self.store.resolve(path)
             return result
 
-    def reset_episode(self):
-        """Restore 'episode_start' if present, else the initial state; then episode += 1."""
+    def reset_episode(self, session=None):
+        """Restore 'episode_start' if present, else the initial state, into a session; then
+        its episode += 1."""
         with self._lock:
-            episode = self.episode + 1
+            s = self.session(session)
+            episode = s.episode + 1
             with self._timer as timer:
                 if EPISODE_START in self.store:
-                    m, _ = self._restore(EPISODE_START)
+                    m, _ = self._restore(EPISODE_START, None, s)
                 else:
                     m = None
-                    self._reinit(episode)
-                self.meta[META_EPISODE] = episode
-            self.episode = episode
-            self.rollback_available = 0
+                    self._reinit(s, episode)
+                self.arena.session_views[s.index]['meta'][META_EPISODE] = episode
+            s.episode = episode
+            s.rollback_available = 0
             self._check()
             source = repr(EPISODE_START) if m else 'the initial state'
-            return self._result(f'episode {episode} started from {source}', m, timer.us)
+            return self._result(f'episode {episode}{self._of(s)} started from {source}', m,
+                                timer.us, s)

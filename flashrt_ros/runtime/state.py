@@ -9,6 +9,12 @@ Each append row holds one position of every append buffer, interleaved (position
 the live prefix [0, position) of all append buffers is one contiguous byte range. Because the
 static block is padded up to append_offset, the whole live state storage[:live_nbytes(position)]
 is a single contiguous range: a snapshot or restore is ONE copy (the contract allows two).
+
+Sessions (a fleet in one arena): `sessions` blocks of exactly that layout, one after another,
+each `block_nbytes` long. A session's live state is then one range inside its block (still one
+copy), its bytes are laid out as a single-session arena's (same schema digest, so capsules move
+between single- and multi-session engines and between sessions), and `batched` views put a
+leading session dimension over all blocks for a step that computes the whole fleet at once.
 """
 
 from dataclasses import dataclass
@@ -84,8 +90,11 @@ class StateArena:
     captured CUDA graph and the policy's bound views stay valid across every capsule operation.
     """
 
-    def __init__(self, specs, device):
+    def __init__(self, specs, device, sessions=1):
         self.device = torch.device(device)
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
+            raise InvalidConfig(f'sessions must be a whole number >= 1, got {sessions!r}')
+        self.sessions = sessions
         self.specs = {}
         for spec in specs:
             if spec.name in self.specs:
@@ -116,10 +125,18 @@ class StateArena:
             self._offsets[s.name] = col
             col += s.row_nbytes
         self.row_nbytes = _align(col, widest) if append else 0
-        self.total_nbytes = _align(self.append_offset + self.capacity * self.row_nbytes)
+        # one session's block; the digest covers it alone, never the number of sessions
+        self.block_nbytes = _align(self.append_offset + self.capacity * self.row_nbytes)
+        self.total_nbytes = self.block_nbytes * sessions
 
         self.storage = torch.zeros(self.total_nbytes, dtype=torch.uint8, device=self.device)
-        self.views = self._views_over(self.storage, self.capacity)
+        self.blocks = [self.storage[i * self.block_nbytes:(i + 1) * self.block_nbytes]
+                       for i in range(sessions)]
+        # per-session typed views (a single-session policy binds these); views = session 0's
+        self.session_views = [self._views_over(b, self.capacity) for b in self.blocks]
+        self.views = self.session_views[0]
+        # [sessions, *shape] views over every block at once (a batched step binds these)
+        self.batched = {name: self._batched_view(name) for name in self.specs}
         self.schema_digest = self._digest()
 
     # -- layout --------------------------------------------------------------------------------
@@ -140,6 +157,19 @@ class StateArena:
             views[name] = typed.as_strided((position,) + per, stride, start)
         return views
 
+    def _batched_view(self, name):
+        spec, off = self.specs[name], self._offsets[name]
+        isz = _itemsize(spec.dtype)
+        typed = self.storage.view(spec.dtype)      # block_nbytes is a multiple of 256
+        if spec.growth == 'static':
+            shape, inner, start = spec.shape, _contiguous_strides(spec.shape), off
+        else:
+            shape = spec.shape
+            inner = (self.row_nbytes // isz,) + _contiguous_strides(spec.shape[1:])
+            start = self.append_offset + off
+        return typed.as_strided((self.sessions,) + shape,
+                                (self.block_nbytes // isz,) + inner, start // isz)
+
     def _digest(self):
         layout = {
             'buffers': [[n, list(s.shape), str(s.dtype), s.kind, s.growth, self._offsets[n]]
@@ -155,9 +185,11 @@ class StateArena:
 
     # -- live ranges ---------------------------------------------------------------------------
 
-    def static_block(self):
-        """uint8 view of every static buffer (what the rollback ring records each step)."""
-        return self.storage[:self.static_nbytes]
+    def static_blocks(self):
+        """uint8 [sessions, static_nbytes]: every session's static buffers (what the rollback
+        ring records each step)."""
+        return self.storage.as_strided((self.sessions, self.static_nbytes),
+                                       (self.block_nbytes, 1))
 
     def live_nbytes(self, position):
         """Bytes of the live state at `position`: grows with position, not with capacity."""
@@ -167,14 +199,16 @@ class StateArena:
         if not 0 <= int(position) <= self.capacity:
             raise InvalidConfig(f'position {position} is outside [0, {self.capacity}]')
 
-    def read_live(self, position, out, transfer):
-        """Copy the live bytes into out[:live_nbytes(position)]: one contiguous copy, issued
-        through `transfer` (runtime/transfer.py; asynchronous until its sync())."""
+    def read_live(self, position, out, transfer, session=0):
+        """Copy a session's live bytes into out[:live_nbytes(position)]: one contiguous copy,
+        issued through `transfer` (runtime/transfer.py; asynchronous until its sync())."""
         self._check_position(position)
-        transfer.copy(out, self.storage, self.live_nbytes(position))
+        transfer.copy(out, self.storage, self.live_nbytes(position),
+                      src_offset=session * self.block_nbytes)
 
-    def write_live(self, position, src, transfer):
-        """Copy src[:live_nbytes(position)] over the live bytes: one copy, no reallocation.
+    def write_live(self, position, src, transfer, session=0):
+        """Copy src[:live_nbytes(position)] over a session's live bytes: one copy, no
+        reallocation.
 
         `src` may sit on the device or in host memory (transfer copies from where it is).
         Append rows at or beyond `position` keep whatever they held; policies read only
@@ -184,7 +218,7 @@ class StateArena:
         n = self.live_nbytes(position)
         if src.numel() < n:
             raise InvalidConfig(f'source holds {src.numel()} bytes, live state needs {n}')
-        transfer.copy(self.storage, src, n)
+        transfer.copy(self.storage, src, n, dst_offset=session * self.block_nbytes)
 
     def unpack(self, data, position):
         """Typed views (same layout) over a capsule's live bytes; append views are [:position].
@@ -201,5 +235,6 @@ class StateArena:
         # data[:n] are legal without copying.
         return self._views_over(data[:n], position)
 
-    def zero_(self):
-        self.storage.zero_()
+    def zero_(self, session=None):
+        """Zero every session's block, or only `session`'s."""
+        (self.storage if session is None else self.blocks[session]).zero_()

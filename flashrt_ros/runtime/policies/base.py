@@ -42,7 +42,8 @@ def _fmix32(x):
 
 
 def gaussian_noise(seed, counter, n):
-    '''Standard normal float32 [n], a pure function of (seed, counter) (int64 tensors [1]).
+    '''Standard normal float32 [..., n], a pure function of (seed, counter) (int64 tensors
+    [..., 1]: one pair per session of a batched step, each row drawn as if alone).
 
     Integer tensor ops only (hash, then Box-Muller), no generator state: graph-capturable,
     and a restored rng buffer reproduces the same future samples.
@@ -51,9 +52,9 @@ def gaussian_noise(seed, counter, n):
     h = _fmix32(h ^ (counter & _M32))
     h = _fmix32(h ^ ((counter >> 32) & _M32))
     lanes = torch.arange(2 * n, device=seed.device, dtype=torch.int64)
-    h = _fmix32(_fmix32(h ^ lanes))                                  # [2n]
+    h = _fmix32(_fmix32(h ^ lanes))                                  # [..., 2n]
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))      # (0, 1), never 0
-    return torch.sqrt(-2.0 * torch.log(u[:n])) * torch.cos((2.0 * math.pi) * u[n:])
+    return torch.sqrt(-2.0 * torch.log(u[..., :n])) * torch.cos((2.0 * math.pi) * u[..., n:])
 
 
 # ---------------------------------------------------------------- base
@@ -62,6 +63,10 @@ class Policy(nn.Module):
     '''Base class; see docs/runtime.md. Subclasses fill state_specs(), step(), prefill().'''
 
     kind = ''
+    # True when step() also takes a whole fleet at once: views [sessions, *shape], obs
+    # [sessions, obs_dim], action [sessions, act_dim], each row computed as if alone. The
+    # engine steps other policies session by session inside the same captured graph.
+    batched = False
 
     def __init__(self, obs_dim, act_dim, capacity=0, noise_std=0.0, seed=0):
         super().__init__()
@@ -80,16 +85,23 @@ class Policy(nn.Module):
         return {'kind': self.kind, 'obs_dim': self.obs_dim, 'act_dim': self.act_dim,
                 'capacity': self.capacity, 'noise_std': self.noise_std}
 
-    def bind(self, views):
-        '''Keep references to the arena views (which must include 'meta'). Never copies.'''
+    def bind(self, views, sessions=None):
+        '''Keep references to the arena views (which must include 'meta'). Never copies.
+
+        sessions: None for one session's views, or the leading dimension of batched views
+        (StateArena.batched; only for policies with batched = True).'''
+        lead = () if sessions is None else (int(sessions),)
+        if lead and not self.batched:
+            raise InvalidConfig(f'bind: a {self.kind!r} policy steps one session at a time')
         for spec in self.state_specs():
             view = views.get(spec.name)
             if view is None:
                 raise InvalidConfig(f'bind: no view for state buffer {spec.name!r}')
-            if tuple(view.shape) != tuple(spec.shape) or view.dtype != spec.dtype:
+            want = lead + tuple(spec.shape)
+            if tuple(view.shape) != want or view.dtype != spec.dtype:
                 raise InvalidConfig(
                     f'bind: {spec.name!r} is {tuple(view.shape)} {view.dtype}, the policy '
-                    f'declared {tuple(spec.shape)} {spec.dtype}')
+                    f'declared {want} {spec.dtype}')
             if view.device != self.device:
                 raise InvalidConfig(f'bind: {spec.name!r} is on {view.device}, '
                                     f'the policy on {self.device}')
@@ -137,16 +149,17 @@ class Policy(nn.Module):
         return BufferSpec('rng', (2,), torch.int64, 'rng')      # seed, counter
 
     def _act(self, mean, action):
-        '''action <- mean [act_dim], plus noise_std * N(0, 1) from the rng counter (advanced)
-        when sampling: the one place a single-action policy writes its output.'''
+        '''action <- mean ([act_dim], or [sessions, act_dim] batched), plus noise_std *
+        N(0, 1) from each session's rng counter (advanced) when sampling: the one place a
+        single-action policy writes its output.'''
         if self.noise_std > 0:
             mean = mean + self._noise(self.act_dim)
-            self.views['rng'][1:2].add_(1)
+            self.views['rng'][..., 1:2].add_(1)
         action.copy_(mean)
 
     def _noise(self, n, offset=None):
-        # counter (+ offset, a device tensor) -> noise_std * N(0, 1) [n]; caller advances
-        seed, counter = self.views['rng'][0:1], self.views['rng'][1:2]
+        # counter (+ offset, a device tensor) -> noise_std * N(0, 1) [..., n]; caller advances
+        seed, counter = self.views['rng'][..., 0:1], self.views['rng'][..., 1:2]
         if offset is not None:
             counter = counter + offset
         return self.noise_std * gaussian_noise(seed, counter, n)
@@ -196,7 +209,7 @@ class ObservationHistory(Policy):
         super().__init__(inner.obs_dim // frames, inner.act_dim, inner.capacity,
                          inner.noise_std, inner.seed)
         self.inner, self.frames, self.order = inner, int(frames), order
-        self.kind = inner.kind
+        self.kind, self.batched = inner.kind, inner.batched
 
     def config(self):
         return {**self.inner.config(), 'obs_history': self.frames, 'history_order': self.order}
@@ -205,8 +218,8 @@ class ObservationHistory(Policy):
         return list(self.inner.state_specs()) + [
             BufferSpec('obs_history', (self.frames, self.obs_dim), torch.float32, 'history')]
 
-    def bind(self, views):
-        self.inner.bind(views)
+    def bind(self, views, sessions=None):
+        self.inner.bind(views, sessions)
         self.views = {**self.inner.views, 'obs_history': views['obs_history']}
         self.meta = self.inner.meta
 
@@ -217,14 +230,16 @@ class ObservationHistory(Policy):
 
     @torch.no_grad()
     def step(self, obs, action):
-        window = self.views['obs_history']                                   # [N, obs]
+        window = self.views['obs_history']                  # [(sessions,) frames, obs]
+        obs = obs.view(window.shape[:-2] + (self.obs_dim,))
         if self.order == 'oldest_first':
-            window.copy_(torch.roll(window, -1, 0))     # roll materialises: no overlapping copy
-            window[-1].copy_(obs.view(self.obs_dim))
+            # roll materialises: no overlapping copy
+            window.copy_(torch.roll(window, -1, window.dim() - 2))
+            window[..., -1, :].copy_(obs)
         else:
-            window.copy_(torch.roll(window, 1, 0))
-            window[0].copy_(obs.view(self.obs_dim))
-        self.inner.step(window.view(-1), action)
+            window.copy_(torch.roll(window, 1, window.dim() - 2))
+            window[..., 0, :].copy_(obs)
+        self.inner.step(window.flatten(-2), action)
 
     def prefill(self, observations):
         raise InvalidConfig('prefill with obs_history is not supported; step() instead')

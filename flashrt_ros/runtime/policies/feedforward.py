@@ -16,6 +16,7 @@ class FeedForwardPolicy(Policy):
     '''
 
     kind = 'mlp'
+    batched = True
 
     def __init__(self, obs_dim, act_dim, *, actor_hidden_dims=(256, 128, 64), activation='elu',
                  normalize=False, norm_eps=1e-2, noise_std=0.0, seed=0):
@@ -39,7 +40,8 @@ class FeedForwardPolicy(Policy):
 
     @torch.no_grad()
     def step(self, obs, action):
-        x = obs.view(1, self.obs_dim).to(self.actor[0].weight.dtype)        # [1, obs]
+        # [sessions, obs]; one session is the exporter's own input shape [1, obs]
+        x = obs.view(-1, self.obs_dim).to(self.actor[0].weight.dtype)
         if self.normalize:
             x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
-        self._act(self.actor(x).view(self.act_dim), action)
+        self._act(self.actor(x).view(action.shape), action)

@@ -20,6 +20,7 @@ class RecurrentPolicy(Policy):
     '''
 
     kind = 'recurrent'
+    batched = True
 
     def __init__(self, obs_dim, act_dim, *, rnn_type='lstm', rnn_hidden_dim=256,
                  rnn_num_layers=1, encoder_dims=(), actor_hidden_dims=(256, 128, 64),
@@ -59,16 +60,25 @@ class RecurrentPolicy(Policy):
     def step(self, obs, action):
         # same op sequence and shapes as the exporter's forward on x [1, obs_dim], so the
         # actions match it bit for bit on the same device
-        x = obs.view(1, self.obs_dim).to(self.rnn.weight_hh_l0.dtype)      # [1, obs]
+        # and a batch of sessions is the same computation with batch B > 1
+        x = obs.view(-1, self.obs_dim).to(self.rnn.weight_hh_l0.dtype)     # [B, obs]
         if self.normalize:
             x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
-        x = self.encoder(x).unsqueeze(0)                                     # [1, 1, in]
-        hidden = self.views['hidden_state']                                  # [L, H]
+        x = self.encoder(x).unsqueeze(0)                                     # [1, B, in]
+        hidden = self.views['hidden_state']                       # [L, H] or [B, L, H]
+
+        def as_rnn(state):      # -> [L, B, H], the rnn's layout (a copy only when B > 1)
+            return (state.unsqueeze(1) if state.dim() == 2 else state.transpose(0, 1)
+                    ).contiguous()
+
+        def write(state, new):  # [L, B, H] back into the arena's layout
+            state.copy_(new.view_as(state) if state.dim() == 2 else new.transpose(0, 1))
+
         if self.rnn_type == 'lstm':
             cell = self.views['cell_state']
-            out, (h, c) = self.rnn(x, (hidden.unsqueeze(1), cell.unsqueeze(1)))
-            cell.copy_(c.view_as(cell))
+            out, (h, c) = self.rnn(x, (as_rnn(hidden), as_rnn(cell)))
+            write(cell, c)
         else:
-            out, h = self.rnn(x, hidden.unsqueeze(1))
-        hidden.copy_(h.view_as(hidden))
-        self._act(self.actor(out.squeeze(0)).view(self.act_dim), action)
+            out, h = self.rnn(x, as_rnn(hidden))
+        write(hidden, h)
+        self._act(self.actor(out.squeeze(0)).view(action.shape), action)
