@@ -9,6 +9,15 @@ block each, StateArena) and steps them all in one replay: step_all() takes [N, o
 active mask; an inactive session's state is put back from the rollback ring inside the same
 graph, so it stays bit for bit what it was. Every capsule operation takes `session` (index or
 name); with one session it may be left out, with several it must be given.
+
+How the replay computes the fleet: by default session by session (the graph holds each
+session's kernels one after another), so every session's actions are bit for bit those of a
+single-session engine of the same model, and a capsule replays the same actions in any
+session. batch_sessions=True computes the fleet as one batch (one matrix product per layer
+for all sessions: far fewer kernels), which BLAS libraries round differently from a batch of
+one: actions then agree with single-session runs to float rounding, not bit for bit, and may
+differ in the last bits between sessions given the same state (the row of a product can
+change its rounding). Each session's actions still never depend on another session's state.
 """
 
 import bisect
@@ -134,13 +143,15 @@ class PolicyEngine:
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
                  debug=False, last_action=None, signing_key=None, use_cuda_python=True,
-                 sessions=1, session_names=None):
+                 sessions=1, session_names=None, batch_sessions=False):
         """last_action: (start, size, scale, offset, clip) of an observation slot that the
         step fills from the previous action (ObservationLayout.device_feedback()), or None.
         That action is then state ('last_action' in the arena), restored with a capsule.
         use_cuda_python: issue copies through cuda-python where it imports (Transfer).
         sessions: independent policy states stepped together (step_all); session_names: a
-        name for each (default '0', '1', ...), usable wherever a session is addressed."""
+        name for each (default '0', '1', ...), usable wherever a session is addressed.
+        batch_sessions: compute the fleet as one batch (see the module notes: faster, not bit
+        for bit with single-session runs); only for policies that can (policy.batched)."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.debug = debug
@@ -166,7 +177,12 @@ class PolicyEngine:
         self._by_name = {n: s for n, s in zip(names, self._sessions)}
         self.meta = self.arena['meta']          # session 0's counters
         self._meta_all = self.arena.batched['meta']                  # int64 [sessions, 4]
-        self._batched = bool(getattr(policy, 'batched', False))
+        self._batched = bool(batch_sessions)
+        if self._batched and not getattr(policy, 'batched', False):
+            raise InvalidConfig(f'batch_sessions: a {getattr(policy, "kind", "")!r} policy of '
+                                f'this format steps one session at a time (batches: mlp and '
+                                'recurrent policies built from weights, not TorchScript/ONNX '
+                                'files or history policies); leave batch_sessions off')
         self._bind_for_step()
         self.transfer = Transfer(self.device, use_cuda_python)
         # signing_key: bytes (capsule.load_signing_key) to sign capsule files and require
