@@ -25,6 +25,7 @@ SERVICE_TYPES = {
     'save_capsule': fsrv.SaveCapsule,
     'load_capsule': fsrv.LoadCapsule,
     'reset_episode': Trigger,
+    'reset_session': fsrv.ResetSession,
     'recover': Trigger,
 }
 

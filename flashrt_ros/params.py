@@ -80,6 +80,15 @@ class NodeConfig:
     on_poison: str = param('recover', 'recover: restore the newest valid checkpoint; hold: '
                            'publish nothing until ~/recover, ~/restore or ~/reset_episode',
                            choices=('recover', 'hold'), live=True)
+    sessions: int = param(1, 'policy states (robots) served by this node, stepped together '
+                          'in one graph replay per tick; more than 1: topics per session under '
+                          '~/<session name>/ and a session field in the capsule services',
+                          low=1, high=4096)
+    session_names: list = param([], 'sessions > 1: one name per session (a ROS name token: '
+                                'topic namespace and service address); empty: s0, s1, ...')
+    batch_sessions: bool = param(False, 'compute all sessions as one batch (mlp/recurrent '
+                                 'weights only): faster, but actions then match a '
+                                 'single-session run to float rounding, not bit for bit')
     restore_on_start: str = param('', "'' | latest | a capsule file in capsule_dir, restored "
                                   'at configure so a restarted process resumes')
     signing_key_file: str = param('', 'file holding an HMAC key (>= 16 bytes): capsule files '
@@ -154,7 +163,8 @@ def build(values):
         elif not isinstance(value, want):
             raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be a '
                                 f'{want.__name__}')
-    for name in ('joint_names', 'action_joint_names', 'observation_terms', 'command_outputs'):
+    for name in ('joint_names', 'action_joint_names', 'observation_terms', 'command_outputs',
+                 'session_names'):
         if not all(isinstance(v, str) and v for v in values[name]):
             raise InvalidConfig(f'parameter {name!r} = {values[name]!r}: must be a list of '
                                 'non-empty strings')

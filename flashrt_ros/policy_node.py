@@ -4,7 +4,13 @@ configure: read and check parameters, build the policy, the state arena and the 
 activate: observation subscription, action/status/diagnostics publishers, a pinned
 'episode_start' capsule. deactivate/cleanup/shutdown release them in that order.
 
-Every observation is one committed step and publishes one action. Capsule services have
+Every observation is one committed step and publishes one action. With `sessions` > 1 the
+node serves a fleet: one policy state per session, all stepped in one graph replay per tick
+(lock-step: once every session that has readings has its next ones; timer: every session with
+fresh readings), each session's topics under ~/<session name>/ (the robot messages of one
+robot stay standard messages in its own namespace), flat vectors also batched on
+~/observations -> ~/actions (one message per tick for a simulation farm), and the capsule
+services addressed by their `session` field. Capsule services have
 their own callback group; the engine's lock makes each operation happen between two steps,
 on any executor (main() spins a single thread; see there for why). Services exist in every
 lifecycle state so that a call made while the node is not active gets a clear refusal
@@ -14,6 +20,7 @@ from dataclasses import asdict
 from functools import partial
 import math
 import os
+import re
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -58,10 +65,32 @@ def _input_tag(stamp):
     return sec * 1_000_000_000 + nanosec + 1
 
 
+class SessionIO:
+    """One session's topics and lock-step bookkeeping: a single-session node has one, under
+    '~/'; session i of a fleet has its own under '~/<name>/'."""
+
+    def __init__(self, index, name, prefix):
+        self.index, self.name, self.prefix = index, name, prefix
+        self.inputs = {}        # terms: reading -> (value, stamp, arrival time)
+        # lockstep: the tag (_input_tag) of the readings the state answered last, and whether
+        # the state changed under the node since (then readings of that very stamp get their
+        # command re-sent instead of a second step: see _sync_lockstep); pending: the tag of
+        # complete readings waiting for the fleet's tick (0: none)
+        self.stepped_tag, self.resend, self.pending = 0, False, 0
+        self.action_pub, self.command_pubs = None, []
+        self.held = False       # fleet: poisoned, its steps refused until restored or reset
+
+    def label(self, fleet):
+        return f'session {self.name}: ' if fleet else ''
+
+
 def build_engine(cfg, policy_cfg, layout=None):
     """The PolicyEngine a configure builds (also used by tests for reference runs)."""
     policy = build_policy(policy_cfg, device='cpu')
     return PolicyEngine(policy, device=cfg['device'], cuda_graph=cfg['cuda_graph'],
+                        sessions=cfg.get('sessions', 1),
+                        session_names=cfg.get('session_names') or None,
+                        batch_sessions=cfg.get('batch_sessions', False),
                         rollback_depth=cfg['rollback_depth'],
                         device_budget=cfg['device_budget_mb'] << 20,
                         host_budget=cfg['host_budget_mb'] << 20,
@@ -91,14 +120,9 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._rejected_reported = 0
         self._dropped, self._dropped_reported = {}, 0   # input topic -> readings lost
         self._last_seq = {}           # input topic -> last publication sequence number seen
-        self._inputs = {}             # terms: reading -> (value, stamp, arrival time)
-        # lockstep: the tag (_input_tag) of the readings the state answered last, and whether
-        # the state changed under the node since (then readings of that very stamp get their
-        # command re-sent instead of a second step: see _sync_lockstep)
-        self._stepped_tag, self._resend = 0, False
+        self._io = []                 # SessionIO per session (topics, readings, lock-step)
         self._subs, self._control_timer, self._status_timer = [], None, None
-        self._action_pub = self._status_pub = self._diag_pub = None
-        self._command_pubs = []
+        self._status_pub = self._diag_pub = self._actions_pub = None
         self._obs_group = MutuallyExclusiveCallbackGroup()
         self._srv_group = ReentrantCallbackGroup()
         # one table for node and client: ~/<name> served by <name>_callback
@@ -204,6 +228,21 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                  "none: use 'timer'")
             self.targets = JointTargets(joints, cfg['default_angles'], cfg['action_scale'],
                                         cfg['joint_lower_limits'], cfg['joint_upper_limits'])
+        sessions = cfg['sessions']
+        if sessions > 1:
+            names = cfg['session_names'] or [f's{i}' for i in range(sessions)]
+            need(len(names) == sessions and len(set(names)) == sessions, 'session_names',
+                 f'needs {sessions} distinct names (one per session), or none')
+            bad = [n for n in names if not re.fullmatch(r'[A-Za-z][A-Za-z0-9_]*', n)]
+            need(not bad, 'session_names', f'{bad} are not ROS name tokens (a letter, then '
+                 'letters, digits, _): they name each session\'s topic namespace')
+            cfg['session_names'] = names
+            need(cfg['checkpoint_every'] == 0, 'checkpoint_every', 'periodic checkpoints '
+                 'cover one session; with sessions > 1 take per-session capsules')
+            need(not cfg['restore_on_start'], 'restore_on_start', 'resumes one session; with '
+                 'sessions > 1 load and restore capsules per session')
+        else:
+            need(not cfg['session_names'], 'session_names', 'names sessions; set sessions')
         if not cfg['capsule_dir']:
             # one directory per node: two robots on one machine never share capsules
             cfg['capsule_dir'] = os.path.join('~', '.ros', 'flashrt_capsules',
@@ -236,6 +275,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._state = 'inactive'
         return TransitionCallbackReturn.SUCCESS
 
+    @property
+    def fleet(self):
+        return len(self._io) > 1
+
     def _create_publishers(self, cfg):
         self._qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg['qos_depth'],
                                reliability=(ReliabilityPolicy.RELIABLE
@@ -243,41 +286,33 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                                             else ReliabilityPolicy.BEST_EFFORT))
         action_type = JointState if cfg['observation_type'] == 'joint_state' and \
             cfg['action_joint_names'] else Float32MultiArray
-        self._action_pub = self.create_lifecycle_publisher(action_type, '~/action', self._qos)
-        self._command_pubs = []
-        if cfg['observation_type'] == 'terms':
-            for output in cfg['command_outputs']:
-                msg_type, topic = {'float64_array': (Float64MultiArray, '~/joint_commands'),
-                                   'joint_trajectory': (JointTrajectory, '~/joint_trajectory')
-                                   }[output]
-                self._command_pubs.append(
-                    self.create_lifecycle_publisher(msg_type, topic, self._qos))
+        names = self.engine.session_names
+        self._io = [SessionIO(i, n, '~/' if len(names) == 1 else f'~/{n}/')
+                    for i, n in enumerate(names)]
+        pub = self.create_lifecycle_publisher
+        for io in self._io:
+            io.action_pub = pub(action_type, io.prefix + 'action', self._qos)
+            if cfg['observation_type'] == 'terms':
+                for output in cfg['command_outputs']:
+                    msg_type, topic = {'float64_array': (Float64MultiArray, 'joint_commands'),
+                                       'joint_trajectory': (JointTrajectory, 'joint_trajectory')
+                                       }[output]
+                    io.command_pubs.append(pub(msg_type, io.prefix + topic, self._qos))
+        if self.fleet and cfg['observation_type'] == 'float32_array':
+            # a farm that assembles its observations: [sessions, obs_dim] in, one tick out
+            self._actions_pub = pub(Float32MultiArray, '~/actions', self._qos)
         self._status_pub = self.create_lifecycle_publisher(fmsg.PolicyStatus, '~/status', 10)
         self._diag_pub = self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics', 10)
 
     def on_activate(self, state):
         cfg = self.config
         sub = self._subscribe
-        if cfg['observation_type'] == 'float32_array':
-            sub(Float32MultiArray, '~/observation', self.observation_callback)
-        elif cfg['observation_type'] == 'joint_state':
-            sub(JointState, '~/observation', self.observation_callback)
-        else:
-            self._inputs = {}
+        for io in self._io:
+            self._subscribe_session(cfg, io)
+        if self._actions_pub is not None:
+            sub(Float32MultiArray, '~/observations', self.observations_callback)
+        if cfg['observation_type'] == 'terms':
             self._sync_lockstep()
-            needs = self.layout.needs
-            if 'joint_state' in needs:
-                sub(JointState, '~/joint_states', self.joint_state_callback)
-            if 'imu' in needs:
-                sub(Imu, '~/imu', self.imu_callback)
-            if 'command' in needs:
-                sub(Twist, '~/cmd_vel', self.command_callback)
-                if cfg['initial_command']:
-                    self._inputs['command'] = (tuple(cfg['initial_command']), None, math.inf)
-            for term in self.layout.terms:
-                if term.type == 'raw':
-                    sub(Float32MultiArray, f'~/input/{term.name}',
-                        lambda msg, name=term.name: self._store('raw:' + name, msg.data))
             if cfg['control_mode'] == 'timer':
                 self._control_timer = self.create_timer(1.0 / cfg['control_rate'],
                                                         self.control_callback,
@@ -286,7 +321,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         try:
             # Kept across deactivate/activate; a resumed process keeps the one it loaded.
             if EPISODE_START not in self.engine.store and not self._resumed_from:
-                result = self.engine.snapshot(EPISODE_START, pin=True)
+                # every session starts from the same initial state: session 0's is it
+                result = self.engine.snapshot(EPISODE_START, pin=True, session=0)
                 self.get_logger().info(result.message)
                 if cfg['checkpoint_to_disk']:
                     self.engine.save(EPISODE_START)
@@ -295,6 +331,29 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                                       'will start from the initial state')
         self._state = 'active'
         return super().on_activate(state)
+
+    def _subscribe_session(self, cfg, io):
+        sub, p = self._subscribe, io.prefix
+        if cfg['observation_type'] == 'float32_array':
+            sub(Float32MultiArray, p + 'observation', partial(self.observation_callback, io=io))
+            return
+        if cfg['observation_type'] == 'joint_state':
+            sub(JointState, p + 'observation', partial(self.observation_callback, io=io))
+            return
+        io.inputs, io.pending = {}, 0
+        needs = self.layout.needs
+        if 'joint_state' in needs:
+            sub(JointState, p + 'joint_states', partial(self.joint_state_callback, io=io))
+        if 'imu' in needs:
+            sub(Imu, p + 'imu', partial(self.imu_callback, io=io))
+        if 'command' in needs:
+            sub(Twist, p + 'cmd_vel', partial(self.command_callback, io=io))
+            if cfg['initial_command']:
+                io.inputs['command'] = (tuple(cfg['initial_command']), None, math.inf)
+        for term in self.layout.terms:
+            if term.type == 'raw':
+                sub(Float32MultiArray, f'{p}input/{term.name}',
+                    lambda msg, name=term.name: self._store(io, 'raw:' + name, msg.data))
 
     def _subscribe(self, msg_type, topic, callback):
         def counted(msg, info):
@@ -346,11 +405,14 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._control_timer = self._status_timer = None
 
     def _release_configured(self):
-        for pub in (self._action_pub, self._status_pub, self._diag_pub, *self._command_pubs):
+        pubs = [self._status_pub, self._diag_pub, self._actions_pub]
+        for io in self._io:
+            pubs += [io.action_pub, *io.command_pubs]
+        for pub in pubs:
             if pub is not None:
                 self.destroy_lifecycle_publisher(pub)
-        self._action_pub = self._status_pub = self._diag_pub = None
-        self._command_pubs = []
+        self._status_pub = self._diag_pub = self._actions_pub = None
+        self._io = []
         self.engine = self.config = self.layout = self.targets = None   # frees arena, graphs
 
     @property
@@ -375,129 +437,183 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         return self.layout.assemble(0, joint_state=(list(msg.name), msg.position,
                                                     msg.velocity))
 
-    def observation_callback(self, msg):
-        """One observation = one committed step = one published action."""
+    def observation_callback(self, msg, io=None):
+        """One observation = one committed step (of its session) = one published action."""
         if not self.active or self.engine is None:
             return
+        io = io or self._io[0]
         try:
             obs = self._observation_vector(msg)
         except InvalidObservation as exc:
-            self._refuse(str(exc))
+            self._refuse(io.label(self.fleet) + str(exc))
             return
-        self._step(obs)
+        if self.fleet:
+            self._step_fleet({io.index: obs}, {})
+        else:
+            self._step(obs)
+
+    def observations_callback(self, msg):
+        """A farm's tick: [sessions, obs_dim] (row-major) -> ~/actions [sessions, act_dim] and
+        each session's ~/<name>/action; a row of NaN skips that session this tick (its
+        state is kept; its row of ~/actions is NaN)."""
+        if not self.active or self.engine is None:
+            return
+        n, dim = len(self._io), self.engine.obs_dim
+        data = np.asarray(msg.data, dtype=np.float32)
+        if data.size != n * dim:
+            self._refuse(f'~/observations holds {data.size} values, expected sessions x '
+                         f'obs_dim = {n} x {dim}')
+            return
+        rows = data.reshape(n, dim)
+        skip = np.isnan(rows).all(axis=1)
+        out = self._step_fleet({i: rows[i] for i in range(n) if not skip[i]}, {})
+        actions = np.full((n, self.engine.act_dim), np.nan, dtype=np.float32)
+        for i, action in out.items():
+            actions[i] = action
+        self._actions_pub.publish(action_message(Float32MultiArray, actions.reshape(-1), [],
+                                                 None))
 
     # terms: readings are kept with their stamp and arrival time; steps assemble them
-    def _store(self, key, value, stamp=None):
-        self._inputs[key] = (value, stamp, time.monotonic())
+    def _store(self, io, key, value, stamp=None):
+        io.inputs[key] = (value, stamp, time.monotonic())
 
-    def joint_state_callback(self, msg):
-        self._store('joint_state', (list(msg.name), np.asarray(msg.position),
-                                    np.asarray(msg.velocity)), _stamp(msg))
-        self._lockstep()
+    def joint_state_callback(self, msg, io=None):
+        io = io or self._io[0]
+        self._store(io, 'joint_state', (list(msg.name), np.asarray(msg.position),
+                                        np.asarray(msg.velocity)), _stamp(msg))
+        self._lockstep(io)
 
-    def imu_callback(self, msg):
+    def imu_callback(self, msg, io=None):
+        io = io or self._io[0]
         o, w = msg.orientation, msg.angular_velocity
-        self._store('imu', ((o.x, o.y, o.z, o.w), (w.x, w.y, w.z)), _stamp(msg))
-        self._lockstep()
+        self._store(io, 'imu', ((o.x, o.y, o.z, o.w), (w.x, w.y, w.z)), _stamp(msg))
+        self._lockstep(io)
 
-    def command_callback(self, msg):
-        self._store('command', (msg.linear.x, msg.linear.y, msg.angular.z))
+    def command_callback(self, msg, io=None):
+        self._store(io or self._io[0], 'command', (msg.linear.x, msg.linear.y, msg.angular.z))
 
-    def _lockstep(self):
+    def _lockstep(self, io):
         """Simulation: one step per new joint state, once the IMU reading of the same stamp
-        (if the terms use one) has arrived too, whichever came second."""
+        (if the terms use one) has arrived too, whichever came second. A fleet steps when
+        every session that has readings (and is not held) has its next ones: one tick."""
         if self.config is None or self.config['control_mode'] != 'lockstep':
             return
-        joint = self._inputs.get('joint_state')
+        joint = io.inputs.get('joint_state')
         if joint is None:
             return
         tag = _input_tag(joint[1])
-        if tag == self._stepped_tag:
-            if self._resend:
-                self._resend_commands()
+        if tag == io.stepped_tag:
+            if io.resend:
+                self._resend_commands(io)
             return
         if 'imu' in self.layout.needs:
-            imu = self._inputs.get('imu')
+            imu = io.inputs.get('imu')
             if imu is None or imu[1] != joint[1]:
                 return              # wait for the matching IMU reading
-        self._stepped_tag, self._resend = tag, False
-        self._step_terms(tag)
+        io.pending = tag
+        waiting = [s for s in self._io if s.inputs.get('joint_state') and not s.held]
+        if all(s.pending for s in waiting):
+            tags = {s.index: s.pending for s in waiting}
+            for s in waiting:
+                s.stepped_tag, s.resend, s.pending = s.pending, False, 0
+            self._step_terms(waiting, tags)
 
-    def _sync_lockstep(self):
+    def _sync_lockstep(self, session=None):
         """After the state changed under the node (restore, reset, rollback, recover, resume at
         start): the readings it answered last are the state's own (the engine's input tag,
         which capsules and checkpoints carry). A world that re-sends those readings (it never
         got their command: the node died or was restored in between) gets the command of the
-        state's last action again instead of a second step on the same readings."""
+        state's last action again instead of a second step on the same readings.
+        session: only that session's (an index); None: every session's."""
         cfg = self.config
         if self.engine is None or cfg is None or cfg['observation_type'] != 'terms' \
                 or cfg['control_mode'] != 'lockstep':
             return
-        self._stepped_tag, self._resend = self.engine.input_tag(), True
+        for io in self._io:
+            if session is None or io.index == session:
+                io.stepped_tag = self.engine.input_tag(session=io.index)
+                io.resend, io.pending = True, 0
 
-    def _resend_commands(self):
-        self._resend = False
-        last = self.engine.last_action()
+    def _resend_commands(self, io):
+        io.resend = False
+        last = self.engine.last_action(session=io.index)
         if last is None:
             self.get_logger().warning(
-                'readings of an already answered stamp arrived after a restore, and this '
-                "policy's state keeps no last action to re-send; waiting for new readings")
+                f'{io.label(self.fleet)}readings of an already answered stamp arrived after a '
+                "restore, and this policy's state keeps no last action to re-send; waiting "
+                'for new readings')
             return
-        self.get_logger().info('readings of the restored state\'s last stamp arrived again: '
-                               're-sending the commands of its last action')
-        self._publish_action(last)
-        self._publish_commands(last)
+        self.get_logger().info(f'{io.label(self.fleet)}readings of the restored state\'s last '
+                               'stamp arrived again: re-sending the commands of its last action')
+        self._publish_action(io, last)
+        self._publish_commands(io, last)
 
     def control_callback(self):
         """Robot: a step at control_rate over the newest readings; stale or missing ones
-        refuse the step (counted, diagnosed) and nothing new is published."""
+        refuse the step (counted, diagnosed) and nothing new is published. A fleet steps the
+        sessions whose readings are fresh, in one tick."""
         now, limit = time.monotonic(), self.config['max_input_age']
-        for key in sorted(self.layout.needs - {'raw'}) + [
-                'raw:' + t.name for t in self.layout.terms if t.type == 'raw']:
-            reading = self._inputs.get(key)
-            if reading is None:
-                self._refuse(f'missing input: no {key} received yet')
-                return
-            if key != 'command' and now - reading[2] > limit:
-                self._refuse(f'stale input: {key} is {1e3 * (now - reading[2]):.0f} ms old '
-                             f'(max_input_age {1e3 * limit:.0f} ms)')
-                return
-        self._step_terms()
+        keys = sorted(self.layout.needs - {'raw'}) + [
+            'raw:' + t.name for t in self.layout.terms if t.type == 'raw']
+        ready = []
+        for io in self._io:
+            for key in keys:
+                reading = io.inputs.get(key)
+                if reading is None:
+                    self._refuse(f'{io.label(self.fleet)}missing input: no {key} received yet')
+                    break
+                if key != 'command' and now - reading[2] > limit:
+                    self._refuse(f'{io.label(self.fleet)}stale input: {key} is '
+                                 f'{1e3 * (now - reading[2]):.0f} ms old (max_input_age '
+                                 f'{1e3 * limit:.0f} ms)')
+                    break
+            else:
+                ready.append(io)
+        if ready:
+            self._step_terms(ready, {})
 
-    def _step_terms(self, tag=None):
+    def _step_terms(self, ios, tags):
         if not self.active or self.engine is None:
             return
-        get = self._inputs.get
-        raw = {t.name: get('raw:' + t.name, (None,))[0] for t in self.layout.terms
-               if t.type == 'raw'}
-        try:
-            obs = self.layout.assemble(self.engine.step_index,
-                                       joint_state=get('joint_state', (None,))[0],
-                                       imu=get('imu', (None,))[0],
-                                       command=get('command', (None,))[0], raw=raw)
-        except InvalidObservation as exc:
-            self._refuse(str(exc))
+        rows = {}
+        for io in ios:
+            get = io.inputs.get
+            raw = {t.name: get('raw:' + t.name, (None,))[0] for t in self.layout.terms
+                   if t.type == 'raw'}
+            try:
+                rows[io.index] = self.layout.assemble(
+                    self.engine.session(io.index).step_index,
+                    joint_state=get('joint_state', (None,))[0], imu=get('imu', (None,))[0],
+                    command=get('command', (None,))[0], raw=raw)
+            except InvalidObservation as exc:
+                self._refuse(io.label(self.fleet) + str(exc))
+        if not rows:
             return
-        action = self._step(obs, tag)
-        if action is not None:
-            self._publish_commands(action.numpy())
+        if self.fleet:
+            actions = self._step_fleet(rows, tags)
+        else:
+            action = self._step(rows[0], tags.get(0))
+            actions = {} if action is None else {0: action.numpy()}
+        for i, action in actions.items():
+            self._publish_commands(self._io[i], action)
 
-    def _publish_action(self, action):
-        pub = self._action_pub
+    def _publish_action(self, io, action):
+        pub = io.action_pub
         stamp = self.get_clock().now().to_msg() if pub.msg_type is JointState else None
         pub.publish(action_message(pub.msg_type, action, self.config['action_joint_names'],
                                    stamp))
 
-    def _publish_commands(self, action):
+    def _publish_commands(self, io, action):
         targets = self.targets(action)
-        for pub in self._command_pubs:
+        for pub in io.command_pubs:
             stamp = self.get_clock().now().to_msg() if pub.msg_type is JointTrajectory \
                 else None
             pub.publish(command_message(pub.msg_type, targets, self.config['joint_names'],
                                         stamp))
 
     def _step(self, obs, tag=None):
-        """The committed step and the raw action; None (nothing published) when refused."""
+        """The committed step of a single-session node and the raw action; None (nothing
+        published) when refused."""
         engine = self.engine
         if self._holding:
             self._refuse('the state was poisoned (NaN/Inf); call ~/recover, ~/restore or '
@@ -513,11 +629,51 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             return None
         if self.config['poison_check'] and self._poison(engine, action):
             return None
-        self._publish_action(action.numpy())
+        self._publish_action(self._io[0], action.numpy())
         every = self.config['checkpoint_every']
         if every and engine.step_index % every == 0:
             self._checkpoint(engine)
         return action
+
+    def _step_fleet(self, rows, tags):
+        """One tick of a fleet: rows {session index: obs} step together in one replay; the
+        others keep their state. Returns {index: action (numpy)} of the published ones. A bad
+        row or a held session is refused alone; a poisoned session is held (its action not
+        published) until ~/restore or ~/reset_session gives it a state."""
+        engine, dim = self.engine, self.engine.obs_dim
+        obs = np.zeros((len(self._io), dim), dtype=np.float32)
+        active = np.zeros(len(self._io), dtype=bool)
+        for i, row in rows.items():
+            io = self._io[i]
+            if io.held:
+                self._refuse(f'session {io.name}: its state was poisoned (NaN/Inf); restore '
+                             'or reset it (~/restore, ~/reset_session)', level='error')
+            elif row.shape != (dim,) or not np.isfinite(row).all():
+                self._refuse(f'session {io.name}: observation has shape {row.shape} or holds '
+                             f'NaN/Inf (expected {dim} finite values)', key='observation')
+            else:
+                obs[i], active[i] = row, True
+        if not active.any():
+            return {}
+        try:
+            actions = engine.step_all(obs, active, [tags.get(i) if active[i] else None
+                                                    for i in range(len(self._io))])
+        except FlashRTError as exc:
+            self._refuse(str(exc))
+            return {}
+        out = {}
+        for i in np.flatnonzero(active):
+            io = self._io[i]
+            if self.config['poison_check'] and not engine.last_finite[i]:
+                io.held = True
+                self._poisoned += 1
+                self.get_logger().error(f'session {io.name}: poisoned state at step '
+                                        f'{engine.session(i).step_index} (NaN/Inf); action not '
+                                        'published, session held until restored or reset')
+                continue
+            out[i] = actions[i].numpy()
+            self._publish_action(io, out[i])
+        return out
 
     def rejected_observations(self):
         return self._rejected + self._poisoned + (
@@ -546,6 +702,12 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         status.host_bytes_used = e.store.host_bytes_used
         status.rejected_observations = self.rejected_observations()
         status.dropped_observations = sum(self._dropped.values())
+        sessions = [e.session(i) for i in range(e.sessions)]
+        status.sessions = e.sessions
+        status.session_names = [s.name for s in sessions]
+        status.session_steps = [s.step_index for s in sessions]
+        status.session_episodes = [s.episode for s in sessions]
+        status.held_sessions = [io.name for io in self._io if io.held]
         return status
 
     def publish_status(self):
@@ -575,6 +737,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if recovery is not None and recovery.failed_checkpoints:
             problems.append(f'{recovery.failed_checkpoints} checkpoint writes failed; last: '
                             f'{recovery.last_failure}')
+        if status.held_sessions:
+            problems.append(f'sessions held after a poisoned step: {list(status.held_sessions)}')
         diag = DiagnosticStatus(
             level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
             name=f'flashrt_ros: {self.get_name()}', hardware_id=status.device,
@@ -582,7 +746,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         for field in ('policy', 'cuda_graph', 'step', 'episode', 'position',
                       'rollback_available', 'step_latency_p50_us', 'step_latency_p99_us',
                       'capsules', 'device_bytes_used', 'device_bytes_budget', 'host_bytes_used',
-                      'rejected_observations', 'dropped_observations'):
+                      'rejected_observations', 'dropped_observations', 'sessions'):
             diag.values.append(KeyValue(key=field, value=str(getattr(status, field))))
         if recovery is not None:
             diag.values.append(KeyValue(key='failed_checkpoints',
@@ -619,27 +783,40 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if hasattr(response, 'latency_us'):
             response.latency_us = float(result.latency_us)
 
+    def _state_changed(self, session):
+        """After a restore, reset or rollback of a session (an index): its poison hold ends
+        and its lock-step bookkeeping follows the state."""
+        if self.fleet:
+            self._io[session].held = False
+        else:
+            self._clear_poison(self.engine)
+        self._sync_lockstep(session)
+
     def snapshot_callback(self, request, response):
         return self._serve(response, lambda: self._fill(response, self.engine.snapshot(
-            request.name, overwrite=request.overwrite, pin=request.pin)))
+            request.name, overwrite=request.overwrite, pin=request.pin,
+            session=request.session)))
 
     def restore_callback(self, request, response):
         def op():
-            self._fill(response, self.engine.restore(request.name))
-            self._clear_poison(self.engine)
-            self._sync_lockstep()
+            session = self.engine.session(request.session).index
+            self._fill(response, self.engine.restore(request.name, session=session))
+            self._state_changed(session)
         return self._serve(response, op)
 
     def fork_callback(self, request, response):
+        # the session matters only when forking the live state (source '')
         return self._serve(response, lambda: self._fill(response, self.engine.fork(
-            request.source, request.target, overwrite=request.overwrite)))
+            request.source, request.target, overwrite=request.overwrite,
+            session=request.session if not request.source else 0)))
 
     def rollback_callback(self, request, response):
         def op():
-            result = self.engine.rollback(int(request.steps))
+            session = self.engine.session(request.session).index
+            result = self.engine.rollback(int(request.steps), session=session)
             self._fill(response, result)
             response.step = result.step
-            self._sync_lockstep()
+            self._state_changed(session)
         return self._serve(response, op)
 
     def list_capsules_callback(self, request, response):
@@ -670,15 +847,32 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             request.path, request.name, overwrite=request.overwrite)))
 
     def reset_episode_callback(self, request, response):
+        """A new episode in every session (a fleet's reset between episodes)."""
         def op():
-            self._fill(response, self.engine.reset_episode())
-            self._clear_poison(self.engine)
-            self._sync_lockstep()
+            results = [self.engine.reset_episode(session=i) for i in range(self.engine.sessions)]
+            for i in range(self.engine.sessions):
+                self._state_changed(i)
+            if len(results) == 1:
+                response.message = results[0].message
+            else:
+                response.message = f'{len(results)} sessions: {results[0].message}; ...; ' \
+                    f'{results[-1].message}'
+        return self._serve(response, op)
+
+    def reset_session_callback(self, request, response):
+        def op():
+            session = self.engine.session(request.session).index
+            self._fill(response, self.engine.reset_episode(session=session))
+            self._state_changed(session)
         return self._serve(response, op)
 
     def recover_callback(self, request, response):
         """Restores the newest checkpoint that passes validation (finite bytes)."""
         def op():
+            if self.fleet:
+                raise InvalidConfig('~/recover restores the checkpoints of a single-session '
+                                    'node; a fleet restores capsules per session (~/restore, '
+                                    '~/reset_session)')
             response.message = self._recover(self.engine)
         return self._serve(response, op)
 

@@ -88,7 +88,7 @@ class Harness:
         self.client.wait_ready()
         # The action publisher must also have matched the client's subscription, or the
         # first action could be published to nobody.
-        wait_for(lambda: self.node._action_pub.get_subscription_count() > 0,
+        wait_for(lambda: self.node._io[0].action_pub.get_subscription_count() > 0,
                  what='action subscription')
 
     def deactivate(self):
@@ -565,7 +565,7 @@ def _joint_state_round_trip(node, client, name, joints, params, tmp_path):
     client.create_subscription(JointState, f'/{name}/action', on_action, 10)
     pub = client.create_publisher(JointState, f'/{name}/observation', 10)
     wait_for(lambda: pub.get_subscription_count() > 0
-             and node._action_pub.get_subscription_count() > 0, what='joint_state topics')
+             and node._io[0].action_pub.get_subscription_count() > 0, what='joint_state topics')
 
     observations = obs_range(0, 6)
     # the policy must see [positions, velocities] in the configured joint order

@@ -1,0 +1,164 @@
+"""A fleet node: sessions > 1 over real rclpy and Fast DDS.
+
+Per-session topics (~/<name>/observation -> ~/<name>/action), the batched farm topic
+(~/observations -> ~/actions), and the capsule services addressed by their session field;
+every action compared bit for bit with a single-session engine of the same policy.
+"""
+import array
+import os
+import threading
+
+import numpy as np
+import pytest
+
+rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
+pytestmark = pytest.mark.ros
+
+from rclpy.parameter import Parameter  # noqa: E402
+from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
+from std_msgs.msg import Float32MultiArray  # noqa: E402
+from flashrt_ros import msg as fmsg  # noqa: E402
+from flashrt_ros.client import call_service, SERVICE_TYPES, spin_in_thread  # noqa: E402
+from flashrt_ros.policy_node import PolicyNode  # noqa: E402
+from test_policy_node import obs, reference_actions, ros, SUCCESS, wait_for  # noqa: E402,F401
+
+NAMES = ['alpha', 'beta', 'gamma']
+PARAMS = dict(policy_type='recurrent', obs_dim=6, act_dim=3, rnn_hidden_dim=16,
+              sessions=3, session_names=NAMES)
+
+
+class Fleet:
+    """A fleet PolicyNode and a client node with a publisher/subscriber per session."""
+
+    def __init__(self, tmp_path, params):
+        self.name = f'flashrt_fleet_{os.getpid()}_{id(self)}'
+        self.params = dict(device='cpu', capsule_dir=str(tmp_path / 'capsules'),
+                           status_period=0.1, **params)
+        self.node = PolicyNode(self.name, parameter_overrides=[
+            Parameter(k, value=v) for k, v in self.params.items()])
+        self.client = rclpy.create_node(self.name + '_client')
+        qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        base = '/' + self.name
+        self.cond = threading.Condition()
+        self.actions = {n: [] for n in NAMES + ['*']}
+        self.pubs = {n: self.client.create_publisher(Float32MultiArray,
+                                                     f'{base}/{n}/observation', qos)
+                     for n in NAMES}
+        self.pubs['*'] = self.client.create_publisher(Float32MultiArray, f'{base}/observations',
+                                                      qos)
+        for n in NAMES + ['*']:
+            topic = f'{base}/actions' if n == '*' else f'{base}/{n}/action'
+            self.client.create_subscription(Float32MultiArray, topic,
+                                            lambda m, n=n: self._got(n, m), qos)
+        self.status = None
+        self.client.create_subscription(fmsg.PolicyStatus, f'{base}/status',
+                                        lambda m: setattr(self, 'status', m), 10)
+        self.services = {k: self.client.create_client(t, f'{base}/{k}')
+                         for k, t in SERVICE_TYPES.items()}
+        self.spinners = [spin_in_thread(self.node), spin_in_thread(self.client)]
+        assert self.node.trigger_configure() == SUCCESS
+        assert self.node.trigger_activate() == SUCCESS
+        for client in self.services.values():
+            assert client.wait_for_service(timeout_sec=30)
+        wait_for(lambda: all(p.get_subscription_count() for p in self.pubs.values())
+                 and all(io.action_pub.get_subscription_count() for io in self.node._io),
+                 what='fleet topics')
+
+    def _got(self, name, msg):
+        with self.cond:
+            self.actions[name].append(list(msg.data))
+            self.cond.notify_all()
+
+    def send(self, name, values):
+        """Publishes on a session's (or '*': the batched) topic; waits for the answer."""
+        with self.cond:
+            seen = len(self.actions[name])
+        msg = Float32MultiArray()
+        msg.data = array.array('f', np.asarray(values, np.float32).reshape(-1))
+        self.pubs[name].publish(msg)
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.actions[name]) > seen, 30), name
+            return self.actions[name][seen]
+
+    def call(self, service, **fields):
+        request = SERVICE_TYPES[service].Request()
+        for key, value in fields.items():
+            setattr(request, key, value)
+        return call_service(self.services[service], request, 30)[0]
+
+    def close(self):
+        for spinner in self.spinners:
+            spinner.shutdown()
+        self.node.destroy_node()
+        self.client.destroy_node()
+
+
+@pytest.fixture
+def fleet(ros, tmp_path):  # noqa: F811 - the ros fixture, imported
+    f = Fleet(tmp_path, PARAMS)
+    yield f
+    f.close()
+
+
+def _streams(t0, count):
+    # session k sees its own stream: obs(t + 1000 k)
+    return [[obs(t + 1000 * k) for t in range(t0, t0 + count)] for k in range(3)]
+
+
+def test_per_session_topics_and_the_batched_topic_equal_single_engines(fleet, tmp_path):
+    streams = _streams(0, 8)
+    got = {k: [] for k in range(3)}
+    for t in range(4):           # one session at a time on its own topic
+        for k, name in enumerate(NAMES):
+            got[k].append(fleet.send(name, streams[k][t]))
+    for t in range(4, 8):        # then the whole fleet in one message per tick
+        tick = fleet.send('*', [streams[k][t] for k in range(3)])
+        for k in range(3):
+            got[k].append(tick[3 * k:3 * k + 3])
+    for k in range(3):
+        _, expected = reference_actions(PARAMS | {'sessions': 1, 'session_names': []},
+                                        streams[k], tmp_path / f'ref{k}')
+        assert got[k] == expected, k          # float32 both ways: bit for bit
+    # a NaN row skips that session this tick; its state is kept
+    before = list(fleet.node.engine.arena.blocks[1].clone())
+    tick = fleet.send('*', [obs(50), [float('nan')] * 6, obs(51)])
+    assert all(np.isnan(tick[3:6])) and not any(np.isnan(tick[:3]))
+    assert list(fleet.node.engine.arena.blocks[1]) == before
+    wait_for(lambda: fleet.status is not None and fleet.status.sessions == 3
+             and list(fleet.status.session_steps) == [9, 8, 9], what='status of the fleet')
+    assert list(fleet.status.session_names) == NAMES
+
+
+def test_services_address_sessions_and_clone_one_robot_onto_another(fleet):
+    for t in range(5):
+        fleet.send('*', [obs(t + 1000 * k) for k in range(3)])
+    refusal = fleet.call('snapshot', name='x')
+    assert not refusal.success and 'name one' in refusal.message
+    assert not fleet.call('restore', name='x', session='delta').success
+    assert fleet.call('snapshot', name='alpha5', session='alpha').success
+    assert fleet.call('restore', name='alpha5', session='2').success       # by index
+    same = [obs(77)] * 3
+    tick = fleet.send('*', same)
+    assert tick[0:3] == tick[6:9] != tick[3:6]      # gamma now runs alpha's state
+    # rollback and reset of one session leave the others' counters alone
+    assert fleet.call('rollback', steps=1, session='beta').success
+    reset = fleet.call('reset_session', session='gamma')
+    assert reset.success and "session 'gamma'" in reset.message
+    engine = fleet.node.engine
+    assert [engine.session(i).step_index for i in range(3)] == [6, 5, 0]
+    assert [engine.session(i).episode for i in range(3)] == [0, 0, 1]
+    assert fleet.call('reset_episode').success
+    assert [engine.session(i).episode for i in range(3)] == [1, 1, 2]
+    assert not fleet.call('recover').success
+
+
+def test_fleet_parameters_are_checked(ros, tmp_path):  # noqa: F811
+    for bad, word in [(dict(session_names=['a', 'a', 'b']), 'distinct'),
+                      (dict(session_names=['1a', 'b', 'c']), 'ROS name tokens'),
+                      (dict(checkpoint_every=10), 'per-session capsules')]:
+        node = PolicyNode(f'flashrt_fleet_bad_{os.getpid()}', parameter_overrides=[
+            Parameter(k, value=v) for k, v in dict(PARAMS, device='cpu', **bad).items()])
+        try:
+            assert node.trigger_configure() != SUCCESS, bad
+        finally:
+            node.destroy_node()
