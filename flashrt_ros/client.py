@@ -65,21 +65,24 @@ def call_service(client, request, timeout):
 
 
 class PolicyClient:
-    """Talks to one policy node, e.g. PolicyClient(node, '/flashrt_policy')."""
+    """Talks to one policy node, e.g. PolicyClient(node, '/flashrt_policy'); on a fleet node
+    (sessions > 1) to one of its sessions: PolicyClient(node, '/flashrt_policy', session='s1')
+    uses that session's topics and puts it in every service request that has a session."""
 
-    def __init__(self, node, policy='/flashrt_policy', timeout=10.0):
+    def __init__(self, node, policy='/flashrt_policy', timeout=10.0, session=''):
         self.node = node
         self.policy = policy.rstrip('/')
+        self.session = session
         self.timeout = timeout
         self.clients = {name: node.create_client(t, f'{self.policy}/{name}')
                         for name, t in SERVICE_TYPES.items()}
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                          reliability=ReliabilityPolicy.RELIABLE)
-        self._obs_pub = node.create_publisher(Float32MultiArray, f'{self.policy}/observation',
-                                              qos)
+        topics = f'{self.policy}/{session}' if session else self.policy
+        self._obs_pub = node.create_publisher(Float32MultiArray, f'{topics}/observation', qos)
         self._actions = []
         self._action_event = threading.Condition()
-        self._action_sub = node.create_subscription(Float32MultiArray, f'{self.policy}/action',
+        self._action_sub = node.create_subscription(Float32MultiArray, f'{topics}/action',
                                                     self._on_action, qos)
         self.last_status = None
         node.create_subscription(fmsg.PolicyStatus, f'{self.policy}/status',
@@ -113,6 +116,8 @@ class PolicyClient:
     def call(self, service, **fields):
         """Calls a service with request fields; returns (response, round-trip seconds)."""
         request = SERVICE_TYPES[service].Request()
+        if self.session and hasattr(request, 'session'):
+            request.session = self.session
         for key, value in fields.items():
             setattr(request, key, value)
         return call_service(self.clients[service], request, self.timeout)

@@ -21,6 +21,7 @@ targets out; the node runs with observation_type 'terms'). The Unitree G1:
 
 (g1.yaml: a snapshot at 10 s of walking, 3 branches pushed sideways by -0.5, 0, +0.5 m/s.)
 """
+from copy import deepcopy
 from functools import partial
 import math
 import statistics
@@ -271,29 +272,123 @@ class RobotLink:
         time.sleep(settle)
 
     def __call__(self, world, obs):
+        return exchange([(self, world)])[0]
+
+
+def exchange(pairs):
+    """One control step of several (RobotLink, RobotWorld) pairs at once: every world's
+    readings are published first (a fleet node steps them in one tick), then every answer is
+    awaited; unanswered readings are re-sent every link.resend seconds. Returns (raw action,
+    joint targets) per pair."""
+    sent = []
+    for link, world in pairs:
         messages = robot_messages(world)[:2]
         stamp = (messages[0].header.stamp.sec, messages[0].header.stamp.nanosec)
-        if stamp == self._stepped:
+        if stamp == link._stepped:
             raise RuntimeError(
                 f'readings at {stamp[0] + 1e-9 * stamp[1]:.3f} s again: the policy node steps '
                 'once per stamp (lockstep) and already stepped on this one; a branch must run '
                 'at least 2 steps')
-        with self._cond:
-            seen = {topic: len(values) for topic, values in self._received.items()}
-        answered = (lambda: all(len(v) > seen[t] for t, v in self._received.items()))
-        deadline = time.monotonic() + self.timeout
-        with self._cond:
-            while not answered():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f'no ~/action and ~/joint_commands from {self.policy} '
-                                       f'within {self.timeout} s')
-                for pub, msg in zip(self._pubs, messages):
+        with link._cond:
+            seen = {topic: len(values) for topic, values in link._received.items()}
+        sent.append((link, messages, stamp, seen))
+    for link, messages, _, _ in sent:
+        for pub, msg in zip(link._pubs, messages):
+            pub.publish(msg)
+    results = []
+    for link, messages, stamp, seen in sent:
+        answered = (lambda link=link, seen=seen: all(
+            len(v) > seen[t] for t, v in link._received.items()))
+        deadline = time.monotonic() + link.timeout
+        with link._cond:
+            while not link._cond.wait_for(answered, min(max(0.0, deadline - time.monotonic()),
+                                                        link.resend)):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f'no ~/action and ~/joint_commands from {link.policy} '
+                                       f'within {link.timeout} s')
+                for pub, msg in zip(link._pubs, messages):
                     pub.publish(msg)
-                self._cond.wait_for(answered, min(left, self.resend))
-            self._stepped = stamp
-            return (self._received['action'][seen['action']],
-                    self._received['joint_commands'][seen['joint_commands']])
+            link._stepped = stamp
+            results.append((link._received['action'][seen['action']],
+                            link._received['joint_commands'][seen['joint_commands']]))
+    return results
+
+
+class BatchedLink:
+    """Flat worlds on the sessions of fleet nodes: per node, one [sessions, obs_dim] message
+    on ~/observations per step (rows of sessions not in use are NaN: they keep their state),
+    its ~/actions back. addresses: (node path, session name) per world."""
+
+    def __init__(self, node, addresses, clients, timeout=10.0):
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=100,
+                         reliability=ReliabilityPolicy.RELIABLE)
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._rows, self._pubs, self._received, self._subs = {}, {}, {}, []
+        for policy in dict.fromkeys(p for p, _ in addresses):
+            status = _wait_status(clients[policy], timeout)
+            self._rows[policy] = list(status.session_names)
+            self._pubs[policy] = node.create_publisher(Float32MultiArray,
+                                                       f'{policy}/observations', qos)
+            self._received[policy] = []
+            self._subs.append(node.create_subscription(
+                Float32MultiArray, f'{policy}/actions', partial(self._on, policy), qos))
+        self.addresses = addresses
+        unknown = [f'{p}:{n}' for p, n in addresses if n not in self._rows[p]]
+        if unknown:
+            raise ValueError(f'no such sessions: {unknown}')
+        deadline = time.monotonic() + timeout
+        while not (all(p.get_subscription_count() for p in self._pubs.values()) and
+                   all(s.get_publisher_count() for s in self._subs)):
+            if time.monotonic() > deadline:
+                raise TimeoutError('~/observations and ~/actions of the fleet nodes are not '
+                                   "connected: observation_type 'float32_array', sessions > 1?")
+            time.sleep(0.01)
+        time.sleep(0.2)     # the node's side of the match may come a little later
+
+    def _on(self, policy, msg):
+        with self._cond:
+            self._received[policy].append(np.asarray(msg.data, dtype=np.float32))
+            self._cond.notify_all()
+
+    def __call__(self, observations):
+        """Observations per address -> actions per address (lists of floats)."""
+        frames = {p: np.full((len(names), len(observations[0])), np.nan, np.float32)
+                  for p, names in self._rows.items()}
+        for (policy, name), obs in zip(self.addresses, observations):
+            frames[policy][self._rows[policy].index(name)] = obs
+        with self._cond:
+            seen = {p: len(v) for p, v in self._received.items()}
+        for policy, frame in frames.items():
+            msg = Float32MultiArray()
+            msg.data = frame.reshape(-1).tolist()
+            self._pubs[policy].publish(msg)
+        with self._cond:
+            if not self._cond.wait_for(lambda: all(len(v) > seen[p] for p, v in
+                                                   self._received.items()), self.timeout):
+                raise TimeoutError(f'no ~/actions within {self.timeout} s')
+            got = {p: v[seen[p]].reshape(len(self._rows[p]), -1)
+                   for p, v in self._received.items()}
+        return [[float(x) for x in got[p][self._rows[p].index(n)]] for p, n in self.addresses]
+
+
+def _wait_status(client, timeout):
+    deadline = time.monotonic() + timeout
+    while client.last_status is None or client.last_status.state != 'active':
+        if time.monotonic() > deadline:
+            raise TimeoutError(f'no ~/status of an active node from {client.policy}')
+        time.sleep(0.01)
+    return client.last_status
+
+
+def parse_addresses(text, default_policy):
+    """'node:session,node:session' (a bare 'session' means default_policy's) -> [(node path,
+    session)]."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(','))):
+        policy, _, session = item.rpartition(':')
+        out.append(((policy or default_policy).rstrip('/'), session))
+    return out
 
 
 class EpisodeRunner:
@@ -303,6 +398,7 @@ class EpisodeRunner:
     def __init__(self, world, client, seed=0, log=print, link=None):
         self.world, self.client, self.seed, self.log = world, client, seed, log
         self.link = link or observation_link(client)
+        self.parallel_s = self.sequential_s = None
         self.checks = []
         self.reset_us = []          # (world us, policy round-trip us)
         self.branch_us = []         # restore world + policy, us
@@ -355,7 +451,47 @@ class EpisodeRunner:
         obs = self.world.perturb(push=push, noise_seed=1000 + index, noise_std=noise_std)
         return self.rollout(obs, steps)
 
-    def run(self, steps=200, branch_at=50, branches=4, push=0.5, noise_std=0.01, resets=10):
+    def parallel_branches(self, fleet, tail, pushes, noise_std):
+        """The same what-ifs all at once: branch k on fleet.addresses[k] (a session of a fleet
+        node, or of another node that loads the branch-point capsule from its file), each
+        with its own copy of the world restored to the branch point; one tick per step for
+        every branch. Returns per branch (actions, world states, rewards, last obs)."""
+        worlds = fleet.worlds(len(pushes), self.world)
+        if fleet.others:
+            # capsules travel as files (checksummed, digest-checked on load): the nodes share
+            # the capsule directory here; between hosts, copy the file
+            path = self.policy_call('save_capsule', name=POLICY_CAPSULE)[0].path
+            for client in fleet.others:
+                response = client.call('load_capsule', path=path, name=POLICY_CAPSULE,
+                                       overwrite=True)[0]
+                if not response.success:
+                    raise RuntimeError(f'{client.policy}: load_capsule refused: '
+                                       f'{response.message}')
+        t0 = time.perf_counter()
+        obs = []
+        for k, (world, push) in enumerate(zip(worlds, pushes)):
+            policy, session = fleet.addresses[k]
+            response = fleet.clients[policy].call('restore', name=POLICY_CAPSULE,
+                                                  session=session)[0]
+            if not response.success:
+                raise RuntimeError(f'{policy}:{session}: restore refused: {response.message}')
+            world.restore(WORLD_SNAPSHOT)
+            obs.append(world.perturb(push=push, noise_seed=1000 + k, noise_std=noise_std))
+        runs = [([], [], []) for _ in worlds]
+        for _ in range(tail):
+            answers = fleet.step(worlds, obs)
+            for k, (world, (action, command)) in enumerate(zip(worlds, answers)):
+                obs[k], reward = world.step(command)
+                runs[k][0].append(action)
+                runs[k][1].append(world.state_bytes())
+                runs[k][2].append(reward)
+        self.parallel_s = time.perf_counter() - t0
+        return [(a, st, r, o) for (a, st, r), o in zip(runs, obs)]
+
+    def run(self, steps=200, branch_at=50, branches=4, push=0.5, noise_std=0.01, resets=10,
+            fleet=None):
+        """fleet: a Fleet to run the branches on in parallel too (and check against the
+        sequential ones), or None."""
         if not 0 < branch_at < steps:
             raise ValueError(f'branch_at must lie in (0, steps): {branch_at}, {steps}')
         tail = steps - branch_at
@@ -370,7 +506,9 @@ class EpisodeRunner:
         self.log(f'snapshot of world and policy at step {branch_at}' +
                  (f' (world time {when:.2f} s)' if when is not None else ''))
         main = self.rollout(prefix[3], tail)
+        t0 = time.perf_counter()
         results = [self.branch(i, tail, pushes[i], noise_std) for i in range(branches)]
+        self.sequential_s = time.perf_counter() - t0
 
         self.log('replaying every branch from the snapshot:')
         identical = []
@@ -382,6 +520,18 @@ class EpisodeRunner:
             self.check(f'branch {i} replay: actions and world states identical', same_a and
                        same_s, f'{tail} steps, actions {"==" if same_a else "!="}, states '
                        f'{"==" if same_s else "!="}')
+        if fleet is not None:
+            parallel = self.parallel_branches(fleet, tail, pushes, noise_std)
+            self.log(f'the {branches} branches in parallel on {fleet.describe()}:')
+            for i in range(branches):
+                same_a = parallel[i][0] == results[i][0]
+                same_s = parallel[i][1] == results[i][1]
+                self.check(f'branch {i} in parallel: actions and world states identical to '
+                           'the sequential run', same_a and same_s,
+                           f'on {fleet.addresses[i][0]}:{fleet.addresses[i][1]}')
+            self.log(f'  {branches} branches x {tail} steps: sequential '
+                     f'{self.sequential_s:.3f} s, parallel {self.parallel_s:.3f} s '
+                     f'({self.sequential_s / self.parallel_s:.2f}x)')
         distinct = len({tuple(map(tuple, r[0])) for r in results})
         self.check('branches are independent (distinct what-ifs give distinct actions)',
                    branches < 2 or distinct > 1, f'{distinct} distinct of {branches}')
@@ -421,8 +571,51 @@ class EpisodeRunner:
         self.log(f'\n{passed} passed, {len(self.checks) - passed} failed')
 
 
+class Fleet:
+    """Where parallel branches run: (node path, session) per branch, the PolicyClients of
+    those nodes, and the link that steps all their worlds in one exchange per step."""
+
+    def __init__(self, node, addresses, main_policy, make_world, robot, timeout):
+        self.addresses, self.make_world = addresses, make_world
+        self.clients = {p: PolicyClient(node, p, timeout=timeout)
+                        for p in dict.fromkeys(p for p, _ in addresses)}
+        self.others = [c for p, c in self.clients.items() if p != main_policy.rstrip('/')]
+        if robot:
+            self.links = [RobotLink(node, f'{p}/{s}', timeout=timeout) for p, s in addresses]
+            for link, (policy, _) in zip(self.links, addresses):
+                link.wait_ready(self.clients[policy], timeout=60.0, settle=0.0)
+            time.sleep(0.5)     # see RobotLink.wait_ready
+        else:
+            self.batched = BatchedLink(node, addresses, self.clients, timeout)
+
+    def worlds(self, count, world):
+        """count copies of `world` holding its branch-point snapshot."""
+        if count > len(self.addresses):
+            raise ValueError(f'{count} branches need as many sessions in parallel; '
+                             f'{len(self.addresses)} given')
+        copies = []
+        for _ in range(count):
+            copy = self.make_world()
+            copy.snapshots[WORLD_SNAPSHOT] = deepcopy(world.snapshots[WORLD_SNAPSHOT])
+            copies.append(copy)
+        return copies
+
+    def step(self, worlds, obs):
+        """(action, command) per world for its observation, in one exchange."""
+        if hasattr(self, 'links'):
+            return exchange(list(zip(self.links, worlds)))
+        actions = self.batched([np.asarray(o, dtype=np.float32) for o in obs])
+        return [(a, a) for a in actions]
+
+    def describe(self):
+        nodes = len(self.clients)
+        return f'{len(self.addresses)} sessions of {nodes} node{"s" * (nodes > 1)}'
+
+
 PARAMETERS = {
     'policy': '/flashrt_policy',
+    'session': '',              # the policy node's session for the main run ('' = the only)
+    'parallel': '',             # 'node:session,...' to run the branches on at once too
     'world': 'mujoco',          # mujoco | gazebo | mjcf (+ the mjcf world's parameters)
     'steps': 200,
     'branch_at': 50,
@@ -452,11 +645,13 @@ def make_world(kind, node, params):
 
 def connect(world, node, params):
     """(PolicyClient, link) to the policy node, once its services and topics are connected."""
-    client = PolicyClient(node, params['policy'], timeout=params['timeout'])
+    session = params['session']
+    client = PolicyClient(node, params['policy'], timeout=params['timeout'], session=session)
     if not isinstance(world, RobotWorld):
         client.wait_ready(timeout=60.0)
         return client, None
-    link = RobotLink(node, params['policy'], timeout=params['timeout'])
+    topics = f'{params["policy"].rstrip("/")}/{session}' if session else params['policy']
+    link = RobotLink(node, topics, timeout=params['timeout'])
     link.wait_ready(client, timeout=60.0)
     return client, link
 
@@ -476,9 +671,14 @@ def run_episodes(node, params, log=print):
     log(f'flashrt_ros episode runner: {params["world"]} world (obs_dim {world.obs_dim}, '
         f'act_dim {world.act_dim}), policy {params["policy"]}')
     runner = EpisodeRunner(world, client, seed=params['seed'], log=log, link=link)
+    fleet = None
+    if params['parallel']:
+        fleet = Fleet(node, parse_addresses(params['parallel'], params['policy']),
+                      params['policy'], partial(make_world, params['world'], node, params),
+                      isinstance(world, RobotWorld), params['timeout'])
     ok = runner.run(steps=params['steps'], branch_at=params['branch_at'],
                     branches=params['branches'], push=params['push'],
-                    noise_std=params['noise_std'], resets=params['resets'])
+                    noise_std=params['noise_std'], resets=params['resets'], fleet=fleet)
     return runner, ok
 
 

@@ -86,6 +86,9 @@ class NodeConfig:
                           low=1, high=4096)
     session_names: list = param([], 'sessions > 1: one name per session (a ROS name token: '
                                 'topic namespace and service address); empty: s0, s1, ...')
+    lockstep_wait: float = param(0.02, 'sessions > 1, lockstep: a tick waits for every '
+                                 'session with readings at most this long (s), then steps the '
+                                 'ready ones', low=0.001, high=60.0)
     batch_sessions: bool = param(False, 'compute all sessions as one batch (mlp/recurrent '
                                  'weights only): faster, but actions then match a '
                                  'single-session run to float rounding, not bit for bit')

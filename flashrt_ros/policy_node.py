@@ -121,6 +121,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._dropped, self._dropped_reported = {}, 0   # input topic -> readings lost
         self._last_seq = {}           # input topic -> last publication sequence number seen
         self._io = []                 # SessionIO per session (topics, readings, lock-step)
+        self._pending_since = None    # fleet lock-step: when the oldest waiting reading came
         self._subs, self._control_timer, self._status_timer = [], None, None
         self._status_pub = self._diag_pub = self._actions_pub = None
         self._obs_group = MutuallyExclusiveCallbackGroup()
@@ -313,6 +314,11 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             sub(Float32MultiArray, '~/observations', self.observations_callback)
         if cfg['observation_type'] == 'terms':
             self._sync_lockstep()
+            self._pending_since = None
+            if self.fleet and cfg['control_mode'] == 'lockstep':
+                self._control_timer = self.create_timer(cfg['lockstep_wait'] / 4,
+                                                        self._lockstep_deadline,
+                                                        callback_group=self._obs_group)
             if cfg['control_mode'] == 'timer':
                 self._control_timer = self.create_timer(1.0 / cfg['control_rate'],
                                                         self.control_callback,
@@ -513,10 +519,28 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         io.pending = tag
         waiting = [s for s in self._io if s.inputs.get('joint_state') and not s.held]
         if all(s.pending for s in waiting):
-            tags = {s.index: s.pending for s in waiting}
-            for s in waiting:
-                s.stepped_tag, s.resend, s.pending = s.pending, False, 0
-            self._step_terms(waiting, tags)
+            self._tick_pending()
+        elif self._pending_since is None:
+            self._pending_since = time.monotonic()
+
+    def _tick_pending(self):
+        """Steps every session with complete readings waiting, in one tick."""
+        ready = [s for s in self._io if s.pending and not s.held]
+        self._pending_since = None
+        if not ready:
+            return
+        tags = {s.index: s.pending for s in ready}
+        for s in ready:
+            s.stepped_tag, s.resend, s.pending = s.pending, False, 0
+        self._step_terms(ready, tags)
+
+    def _lockstep_deadline(self):
+        """Fleet lock-step: a world that stopped publishing must not stall the others; after
+        lockstep_wait the sessions that are ready step without it (the grouping of a tick
+        changes no action: each session's row is computed as if alone)."""
+        since = self._pending_since
+        if since is not None and time.monotonic() - since >= self.config['lockstep_wait']:
+            self._tick_pending()
 
     def _sync_lockstep(self, session=None):
         """After the state changed under the node (restore, reset, rollback, recover, resume at
@@ -787,7 +811,11 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         """After a restore, reset or rollback of a session (an index): its poison hold ends
         and its lock-step bookkeeping follows the state."""
         if self.fleet:
-            self._io[session].held = False
+            io = self._io[session]
+            io.held = False
+            # its readings answered the old state: until new ones come it holds no lock-step
+            # tick of the fleet back (the command is a setting, not a reading: kept)
+            io.inputs = {k: v for k, v in io.inputs.items() if k == 'command'}
         else:
             self._clear_poison(self.engine)
         self._sync_lockstep(session)

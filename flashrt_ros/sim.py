@@ -275,12 +275,12 @@ def robot_world_from_parameters(node):
     from flashrt_ros.robot_world import RobotWorld
     # Dynamically typed, so YAML integers (kps: [100, ...]) are accepted as well.
     free = ParameterDescriptor(dynamic_typing=True)
-    for name in ('kps', 'kds', 'default_angles', 'joint_names'):
-        node.declare_parameter(name, None, free)
-    node.declare_parameter('mjcf_path', '')
-    node.declare_parameter('sim_dt', 0.0)
-    node.declare_parameter('decimation', 1)
-    node.declare_parameter('clip_targets', True)
+    declared = [(name, None, free) for name in ('kps', 'kds', 'default_angles', 'joint_names')]
+    declared += [('mjcf_path', '', None), ('sim_dt', 0.0, None), ('decimation', 1, None),
+                 ('clip_targets', True, None)]
+    for name, default, descriptor in declared:
+        if not node.has_parameter(name):    # a second world on the same node (parallel)
+            node.declare_parameter(name, default, descriptor)
     v = {name: node.get_parameter(name).value for name in ROBOT_PARAMETERS}
     missing = [k for k in ('mjcf_path', 'kps', 'kds', 'default_angles') if not v[k]]
     if missing:

@@ -23,7 +23,8 @@ from std_srvs.srv import Trigger  # noqa: E402
 
 from flashrt_ros import srv as fsrv  # noqa: E402
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
-from flashrt_ros.episode_runner import _call, EpisodeRunner, GazeboWorld  # noqa: E402
+from flashrt_ros.episode_runner import (_call, EpisodeRunner, Fleet, GazeboWorld,  # noqa: E402
+                                        parse_addresses)
 from flashrt_ros.policy_node import PolicyNode  # noqa: E402
 from flashrt_ros.sim import make_sim_node, MujocoWorld  # noqa: E402
 
@@ -176,3 +177,42 @@ def test_gazebo_world_needs_the_simulation_interfaces(system):
                         'Gazebo world cannot run here (it raised the clear error)')
     world = GazeboWorld(system['client_node'])
     assert world.obs_dim == 4 and world.act_dim == 1
+
+
+def test_branches_in_parallel_on_two_fleet_nodes_equal_the_sequential_ones(tmp_path):
+    """Four cart-pole what-ifs run one after another on session a0 of fleet node A, then all
+    at once on A's two sessions and B's two (B loads the branch point from its capsule file):
+    one batched message per node per step. Every parallel branch equals its sequential run bit
+    for bit, actions and world states."""
+    rclpy.init()
+    tag = f'{os.getpid()}'
+    shared = dict(device='cpu', obs_dim=4, act_dim=1, rnn_hidden_dim=16, status_period=0.1,
+                  capsule_dir=str(tmp_path / 'capsules'), sessions=2)
+    nodes = [PolicyNode(f'fleet_{n}_{tag}', parameter_overrides=[
+        Parameter(k, value=v) for k, v in dict(shared, session_names=[f'{n}0', f'{n}1']).items()])
+        for n in 'ab']
+    runner_node = rclpy.create_node(f'fleet_runner_{tag}')
+    spinners = [spin_in_thread(*nodes), spin_in_thread(runner_node)]
+    try:
+        for node in nodes:
+            assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+            assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        a, b = (f'/fleet_{n}_{tag}' for n in 'ab')
+        client = PolicyClient(runner_node, a, timeout=30.0, session='a0')
+        client.wait_ready(timeout=20.0)
+        fleet = Fleet(runner_node, parse_addresses(f'{a}:a0,{a}:a1,{b}:b0,{b}:b1', a), a,
+                      MujocoWorld, robot=False, timeout=30.0)
+        lines = []
+        runner = EpisodeRunner(MujocoWorld(), client, seed=4, log=lines.append)
+        ok = runner.run(steps=70, branch_at=30, branches=4, push=0.5, noise_std=0.01,
+                        resets=2, fleet=fleet)
+    finally:
+        for spinner in spinners:
+            spinner.shutdown()
+        for node in (*nodes, runner_node):
+            node.destroy_node()
+        rclpy.try_shutdown()
+    parallel = [c for c in runner.checks if 'in parallel' in c[0]]
+    assert ok and len(parallel) == 4, [c for c in runner.checks if not c[1]]
+    print('\n'.join(lines))
+    assert any('branches x 40 steps: sequential' in line for line in lines), lines

@@ -281,6 +281,36 @@ def test_g1_episode_runner_what_ifs_from_10_s(tmp_path):
     assert len(runner.reset_us) == params['resets']
 
 
+def test_g1_fleet_three_robots_branch_in_parallel_bit_for_bit(tmp_path):
+    """One policy node with three sessions (three G1s): the runner walks robot s0 for 5 s,
+    snapshots world + policy, runs three pushed branches one after another on s0, then all
+    three at once on s0, s1 and s2 (three MuJoCo worlds, one lock-step tick of the node per
+    step). Each parallel branch equals its sequential run bit for bit, actions and states."""
+    log = open(tmp_path / 'policy.log', 'w')
+    policy = _start('policy_node', _policy_args(tmp_path, '-p', 'sessions:=3'), log)
+    rclpy.init(args=['--ros-args', '--params-file', str(G1_YAML),
+                     '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'timeout:=60.0',
+                     '-p', 'steps:=300', '-p', 'branch_at:=250', '-p', 'resets:=2',
+                     '-p', 'session:=s0', '-p', 'parallel:=s0,s1,s2'])
+    node = rclpy.create_node('flashrt_episode_runner')
+    params = declare_parameters(node)
+    executor = spin_in_thread(node)
+    lines = []
+    try:
+        runner, ok = run_episodes(node, params, log=lines.append)
+    finally:
+        _stop(policy)
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
+    print('\n'.join(lines))
+    assert ok, [c for c in runner.checks if not c[1]]
+    parallel = [c for c in runner.checks if 'in parallel' in c[0]]
+    assert len(parallel) == 3 and 'the 3 branches in parallel on 3 sessions of 1 node:' in lines
+    finals = [r[3] for r in runner.results]
+    assert finals[0][1] < finals[1][1] < finals[2][1], [f[1] for f in finals]
+
+
 def walk_with_kills(tmp_path, steps, kills):
     """The G1 walks `steps` policy steps, node and world in their own processes, this test's
     Hub relaying readings and commands; the world re-sends unanswered readings every 0.2 s.
