@@ -179,13 +179,12 @@ def test_gazebo_world_needs_the_simulation_interfaces(system):
     assert world.obs_dim == 4 and world.act_dim == 1
 
 
-def test_branches_in_parallel_on_two_fleet_nodes_equal_the_sequential_ones(tmp_path):
+def test_branches_in_parallel_on_two_fleet_nodes_equal_the_sequential_ones(system, tmp_path):
     """Four cart-pole what-ifs run one after another on session a0 of fleet node A, then all
     at once on A's two sessions and B's two (B loads the branch point from its capsule file):
     one batched message per node per step. Every parallel branch equals its sequential run bit
     for bit, actions and world states."""
-    rclpy.init()
-    tag = f'{os.getpid()}'
+    tag = f'{os.getpid()}'        # rclpy is up: the module's system fixture
     shared = dict(device='cpu', obs_dim=4, act_dim=1, rnn_hidden_dim=16, status_period=0.1,
                   capsule_dir=str(tmp_path / 'capsules'), sessions=2)
     nodes = [PolicyNode(f'fleet_{n}_{tag}', parameter_overrides=[
@@ -211,7 +210,6 @@ def test_branches_in_parallel_on_two_fleet_nodes_equal_the_sequential_ones(tmp_p
             spinner.shutdown()
         for node in (*nodes, runner_node):
             node.destroy_node()
-        rclpy.try_shutdown()
     parallel = [c for c in runner.checks if 'in parallel' in c[0]]
     assert ok and len(parallel) == 4, [c for c in runner.checks if not c[1]]
     print('\n'.join(lines))
