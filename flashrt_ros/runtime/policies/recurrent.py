@@ -2,12 +2,33 @@
 ActorCriticRecurrent), built from checkpoints and state_dicts (TorchScript files run as
 they are: see scripted.py).'''
 
+import contextlib
+import inspect
+
 import torch
 import torch.nn as nn
 
 from ..errors import InvalidConfig
 from ..state import BufferSpec
 from .base import mlp, Policy
+
+
+def _fp32_for_batches(batched):
+    '''cuDNN may run a batched LSTM/GRU in TF32 (torch.backends.cudnn.allow_tf32 is on by
+    default): measured on the H200, a fleet's actions then differ from one session's by ~1e-4.
+    A batch of sessions keeps float32 (the flag is read when the kernels are chosen, i.e. at
+    capture); a single session runs exactly as the exporter does under the user's settings.'''
+    if not batched:
+        return contextlib.nullcontext()
+    c = torch.backends.cudnn
+    # flags() sets every flag it names (its defaults would turn cuDNN off): pass the current
+    # values, with float32 asked for in both the old and the new (fp32_precision) spelling
+    names = inspect.signature(c.flags).parameters
+    current = {name: getattr(c, name) for name in names if hasattr(c, name)}
+    current['allow_tf32'] = False
+    if 'fp32_precision' in names:
+        current['fp32_precision'] = 'ieee'
+    return c.flags(**current)
 
 
 class RecurrentPolicy(Policy):
@@ -74,11 +95,12 @@ class RecurrentPolicy(Policy):
         def write(state, new):  # [L, B, H] back into the arena's layout
             state.copy_(new.view_as(state) if state.dim() == 2 else new.transpose(0, 1))
 
-        if self.rnn_type == 'lstm':
-            cell = self.views['cell_state']
-            out, (h, c) = self.rnn(x, (as_rnn(hidden), as_rnn(cell)))
-            write(cell, c)
-        else:
-            out, h = self.rnn(x, as_rnn(hidden))
+        with _fp32_for_batches(x.shape[1] > 1):
+            if self.rnn_type == 'lstm':
+                cell = self.views['cell_state']
+                out, (h, c) = self.rnn(x, (as_rnn(hidden), as_rnn(cell)))
+                write(cell, c)
+            else:
+                out, h = self.rnn(x, as_rnn(hidden))
         write(hidden, h)
         self._act(self.actor(out.squeeze(0)).view(action.shape), action)
