@@ -359,7 +359,8 @@ def _graphed_prefill(e, hist, first_obs, cfg, reference):
     def cold_start():
         graph.replay()
         # what PolicyEngine.prefill does on the host after the policy's prefill
-        e.position, e.rollback_available = H, 0
+        session = e.session()
+        session.position, session.rollback_available = H, 0
         return e.step(first_obs)
 
     times, diff = _cold_starts(e, cold_start, reference, cfg['prefill_reps'], warmup=2)
