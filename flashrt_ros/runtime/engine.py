@@ -106,12 +106,16 @@ class RollbackRing:
         self._transfer = transfer
 
     def record(self):
-        # Device-side slot indices and index_put_: no host sync, so it rides inside the graph.
+        # Device-side slot indices: no host sync, so it rides inside the graph.
+        if len(self._rows) == 1:    # one session: one index_copy_ (fewest kernels per step)
+            self.slots[0].index_copy_(0, self.step_view % self.depth, self.static)
+            return
         torch.remainder(self.step_view, self.depth, out=self._slot)
         self.slots.index_put_((self._rows, self._slot), self.static)
 
     def recorded(self):
-        """[sessions, static_nbytes]: the blocks the latest record() saved (pre-step state)."""
+        """[sessions, static_nbytes]: the blocks the latest record() saved (pre-step state;
+        sessions > 1)."""
         return self.slots[self._rows, self._slot]
 
     def restore(self, step, session=0):
@@ -276,9 +280,10 @@ class PolicyEngine:
 
     def _step_fn(self, span=None):
         self.ring.record()      # every session's pre-step static block, before any write
-        tag = self._ctl_buf[:, 1]
-        meta_tag = self._meta_all[:, META_TAG]
-        meta_tag.copy_(torch.where(tag != 0, tag, meta_tag))
+        if self.sessions > 1:   # (one session: the tag is written after the replay)
+            tag = self._ctl_buf[:, 1]
+            meta_tag = self._meta_all[:, META_TAG]
+            meta_tag.copy_(torch.where(tag != 0, tag, meta_tag))
         if self._feedback is not None:
             slot, last, identity, scale, offset, clip = self._feedback
             if identity:        # a float32 copy: the slot holds the action bit for bit
@@ -298,17 +303,21 @@ class PolicyEngine:
         if self._feedback is not None:
             self._feedback[1].copy_(self.act_buf)
         self._meta_all[:, META_STEP].add_(1)
-        # The max-abs norm of a row is NaN or Inf exactly when an element is, and never
-        # overflows: one reduction per buffer gives every session's verdict.
+        # The max-abs norm of a tensor (a row) is NaN or Inf exactly when an element is, and
+        # never overflows. One session: one multi-tensor kernel over every buffer; a fleet:
+        # one reduction per buffer gives every session's verdict.
+        if self.sessions == 1:
+            norms = torch._foreach_norm(self._finite_over, math.inf)
+            self._finite_flag.copy_(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+            return
         norms = [torch.linalg.vector_norm(v, math.inf, dim=1).float() for v in self._finite_over]
         self._finite_flag.copy_(torch.isfinite(torch.stack(norms)).all(0))
-        if self.sessions > 1:
-            # sessions left out of this tick get their pre-step static block back (from the
-            # ring's slot just written): their state, counters included, is unchanged; an
-            # append row written at their position lies beyond their live prefix
-            active = self._ctl_buf[:, 0:1] != 0
-            static = self.ring.static
-            static.copy_(torch.where(active, static, self.ring.recorded()))
+        # sessions left out of this tick get their pre-step static block back (from the ring's
+        # slot just written): their state, counters included, is unchanged; an append row
+        # written at their position lies beyond their live prefix
+        active = self._ctl_buf[:, 0:1] != 0
+        static = self.ring.static
+        static.copy_(torch.where(active, static, self.ring.recorded()))
 
     def _reinit(self, s, episode):
         """A session's initial state: zeros, the policy's own initial values, meta =
@@ -448,8 +457,11 @@ class PolicyEngine:
         copy, n = self.transfer.copy, self.sessions
         with self._timer as timer:      # its exit synchronises the device, once
             copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
-            copy(self._ctl_buf, self._ctl_host, 16 * n)
+            if n > 1:
+                copy(self._ctl_buf, self._ctl_host, 16 * n)
             self._graph_for(max(s.position for s in sessions)).replay()
+            if n == 1 and tags[0]:      # after the replay: the ring holds the previous tag
+                copy(self.meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
             copy(self._out_host, self.out_buf, 4 * n * (self.act_dim + 1))
         out = self._out_np
         actions = torch.from_numpy(out[:, :self.act_dim].copy())
