@@ -409,12 +409,10 @@ class PolicyEngine:
             except InvalidObservation:
                 self.rejected_observations += 1
                 raise
-            active = np.zeros(self.sessions, dtype=bool)
-            active[s.index] = True
             self._obs_np[s.index] = t
-            tags = np.zeros(self.sessions, dtype=np.int64)
-            tags[s.index] = tag or 0
-            return self._step_locked(active, tags)[s.index]
+            out = self._step_locked([s], (tag or 0,))[s.index]
+            self.last_step_finite = bool(out[self.act_dim] == 1.0)
+            return torch.from_numpy(out[:self.act_dim].copy())
 
     def step_all(self, obs, active=None, tags=None):
         """One tick for the fleet: obs [sessions, obs_dim] -> actions (CPU float32
@@ -439,10 +437,17 @@ class PolicyEngine:
                 self.rejected_observations += 1
                 raise
             self._obs_np[:] = t
-            return self._step_locked(mask, tags)
+            sessions = [s for s in self._sessions if mask[s.index]]
+            out = self._step_locked(sessions, tags[mask])
+            self.last_finite = finite = out[:, self.act_dim] == 1.0
+            self.last_step_finite = all(finite[s.index] for s in sessions)
+            return torch.from_numpy(out[:, :self.act_dim].copy())
 
-    def _step_locked(self, active, tags):
-        sessions = [s for s in self._sessions if active[s.index]]
+    def _step_locked(self, sessions, tags):
+        """Steps `sessions` (Session records; their obs rows are staged) with their tags (0:
+        none), in one replay; returns the host output [sessions, act_dim + 1] (actions, then
+        each session's finite flag), valid until the next step. Host work kept small: this
+        is every control step's path."""
         if not sessions:
             raise InvalidObservation('step_all: no session is active')
         if self._advances:
@@ -452,32 +457,33 @@ class PolicyEngine:
                 raise CapacityExceeded(
                     f'history is full ({self.arena.capacity} positions){which}; reset the '
                     'episode, restore or roll back')
-        ctl = self._ctl_np
-        ctl[:, 0], ctl[:, 1] = active, tags
-        copy, n = self.transfer.copy, self.sessions
+        copy, n, ctl = self.transfer.copy, self.sessions, self._ctl_np
+        if n > 1:
+            ctl[:] = 0
+            for s, tag in zip(sessions, tags):
+                ctl[s.index] = (1, tag)
+        elif tags[0]:
+            ctl[0, 1] = tags[0]
+        position = sessions[0].position if n == 1 else max(s.position for s in sessions)
         with self._timer as timer:      # its exit synchronises the device, once
             copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
             if n > 1:
                 copy(self._ctl_buf, self._ctl_host, 16 * n)
-            self._graph_for(max(s.position for s in sessions)).replay()
+            self._graph_for(position).replay()
             if n == 1 and tags[0]:      # after the replay: the ring holds the previous tag
                 copy(self.meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
             copy(self._out_host, self.out_buf, 4 * n * (self.act_dim + 1))
-        out = self._out_np
-        actions = torch.from_numpy(out[:, :self.act_dim].copy())
-        self.last_finite = out[:, self.act_dim] == 1.0
-        self.last_step_finite = bool(self.last_finite[active].all())
         self._latencies.append(timer.us)
-        depth = self.ring.depth
-        for s in self._sessions:
-            if active[s.index]:
-                s.step_index += 1
-                s.position += int(self._advances)
-                s.rollback_available = min(s.rollback_available + 1, depth)
-            else:       # its ring slot was rewritten with its unchanged state
+        depth, advance = self.ring.depth, int(self._advances)
+        if n > 1:
+            for s in self._sessions:    # left out: its ring slot was rewritten unchanged
                 s.rollback_available = min(s.rollback_available, depth - 1)
+        for s in sessions:
+            s.step_index += 1
+            s.position += advance
+            s.rollback_available = min(s.rollback_available + 1, depth)
         self._check()
-        return actions
+        return self._out_np
 
     def input_tag(self, session=None):
         """The tag of the input the live state's latest step consumed (step(tag=)); 0 when
