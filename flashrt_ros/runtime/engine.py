@@ -237,6 +237,10 @@ class PolicyEngine:
         self._finite_over = [self.act_buf] + [
             v.flatten(1) for name, v in self.arena.batched.items() if v.is_floating_point()
             and v.numel() and self.arena.specs[name].growth == 'static']
+        if self.sessions == 1:  # plain tensors of the one session, for one multi-tensor kernel
+            self._finite_over = [self.act_buf[0]] + [
+                v for name, v in self.arena.views.items() if v.is_floating_point()
+                and v.numel() and self.arena.specs[name].growth == 'static']
 
         # Same step function on every device: captured on CUDA, called eagerly on CPU. A
         # policy whose step cost grows with the history span (spans()) gets one step per span,
