@@ -250,15 +250,15 @@ def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
             f'step {k}: max abs diff {np.abs(action - want).max()}'
 
 
-def test_g1_episode_runner_what_ifs_from_10_s(tmp_path):
-    """The episode runner (config/g1.yaml: its world in this process, the policy node in its
-    own) snapshots world + policy after 10 s of walking, runs 3 branches pushed sideways by
-    -0.5, 0 and +0.5 m/s, replays each bit for bit, and an episode reset walks the first 10 s
-    again bit for bit."""
+def _run_g1_episodes(tmp_path, policy_args, runner_args):
+    """The episode runner (config/g1.yaml + runner_args: its world in this process) against
+    a policy node in its own process (+ policy_args); asserts every check held and returns
+    (runner, its parameters, its log lines)."""
     log = open(tmp_path / 'policy.log', 'w')
-    policy = _start('policy_node', _policy_args(tmp_path), log)
+    policy = _start('policy_node', _policy_args(tmp_path, *policy_args), log)
     rclpy.init(args=['--ros-args', '--params-file', str(G1_YAML),
-                     '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'timeout:=60.0'])
+                     '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'timeout:=60.0',
+                     *runner_args])
     node = rclpy.create_node('flashrt_episode_runner')
     params = declare_parameters(node)
     executor = spin_in_thread(node)
@@ -272,6 +272,15 @@ def test_g1_episode_runner_what_ifs_from_10_s(tmp_path):
         rclpy.try_shutdown()
     print('\n'.join(lines))
     assert ok, [c for c in runner.checks if not c[1]]
+    return runner, params, lines
+
+
+def test_g1_episode_runner_what_ifs_from_10_s(tmp_path):
+    """The episode runner (config/g1.yaml: its world in this process, the policy node in its
+    own) snapshots world + policy after 10 s of walking, runs 3 branches pushed sideways by
+    -0.5, 0 and +0.5 m/s, replays each bit for bit, and an episode reset walks the first 10 s
+    again bit for bit."""
+    runner, params, lines = _run_g1_episodes(tmp_path, [], [])
     assert len(runner.checks) == 5      # 3 replays, independence, episode reset
     assert params['branch_at'] == 500 and params['branches'] == 3
     assert 'snapshot of world and policy at step 500 (world time 10.02 s)' in lines
@@ -286,25 +295,10 @@ def test_g1_fleet_three_robots_branch_in_parallel_bit_for_bit(tmp_path):
     snapshots world + policy, runs three pushed branches one after another on s0, then all
     three at once on s0, s1 and s2 (three MuJoCo worlds, one lock-step tick of the node per
     step). Each parallel branch equals its sequential run bit for bit, actions and states."""
-    log = open(tmp_path / 'policy.log', 'w')
-    policy = _start('policy_node', _policy_args(tmp_path, '-p', 'sessions:=3'), log)
-    rclpy.init(args=['--ros-args', '--params-file', str(G1_YAML),
-                     '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'timeout:=60.0',
-                     '-p', 'steps:=300', '-p', 'branch_at:=250', '-p', 'resets:=2',
-                     '-p', 'session:=s0', '-p', 'parallel:=s0,s1,s2'])
-    node = rclpy.create_node('flashrt_episode_runner')
-    params = declare_parameters(node)
-    executor = spin_in_thread(node)
-    lines = []
-    try:
-        runner, ok = run_episodes(node, params, log=lines.append)
-    finally:
-        _stop(policy)
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
-    print('\n'.join(lines))
-    assert ok, [c for c in runner.checks if not c[1]]
+    runner, _, lines = _run_g1_episodes(
+        tmp_path, ['-p', 'sessions:=3'],
+        ['-p', 'steps:=300', '-p', 'branch_at:=250', '-p', 'resets:=2', '-p', 'session:=s0',
+         '-p', 'parallel:=s0,s1,s2'])
     parallel = [c for c in runner.checks if 'in parallel' in c[0]]
     assert len(parallel) == 3 and 'the 3 branches in parallel on 3 sessions of 1 node:' in lines
     finals = [r[3] for r in runner.results]
