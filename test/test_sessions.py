@@ -97,10 +97,10 @@ def test_batched_step_equals_single_session_steps_cuda(spec, tmp_path):
     _batched_equals_single(spec, tmp_path, 'cuda')
 
 
-@pytest.mark.parametrize('batch', [False, True], ids=['exact', 'batch'])
+@pytest.mark.parametrize('spec,batch', [(p, False) for p in POLICIES] +
+                         [(p, True) for p in BATCHABLE],
+                         ids=IDS + [f'{p[0]}-batch' for p in BATCHABLE])
 def test_every_op_on_one_session_leaves_the_others_bit_identical(spec, batch, tmp_path):
-    if batch and spec not in BATCHABLE:
-        pytest.skip(f'{spec[0]} policies step session by session only')
     fleet = _engine(spec, tmp_path, N, batch_sessions=batch)
     obs = _streams(10)
     for t in range(6):
