@@ -79,6 +79,8 @@ class SessionIO:
         self.stepped_tag, self.resend, self.pending = 0, False, 0
         self.action_pub, self.command_pubs = None, []
         self.held = False       # fleet: poisoned, its steps refused until restored or reset
+        self.seen = False       # fleet lock-step: readings came since activation (a robot
+        #                         that is there: ticks wait for it, up to lockstep_wait)
 
     def label(self, fleet):
         return f'session {self.name}: ' if fleet else ''
@@ -346,7 +348,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if cfg['observation_type'] == 'joint_state':
             sub(JointState, p + 'observation', partial(self.observation_callback, io=io))
             return
-        io.inputs, io.pending = {}, 0
+        io.inputs, io.pending, io.seen = {}, 0, False
         needs = self.layout.needs
         if 'joint_state' in needs:
             sub(JointState, p + 'joint_states', partial(self.joint_state_callback, io=io))
@@ -428,10 +430,13 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
     # -- control loop --------------------------------------------------------------------------
 
     def _refuse(self, reason, level='warning', key=None, counted=False):
-        """Counts a refused step under `key` (default: the reason's text before a colon;
-        diagnostics report the counts) and logs it. counted: the engine has counted it."""
+        """Counts a refused step under `key` (default: the reason's text before a colon, after
+        the session's name in a fleet; diagnostics report the counts) and logs it. counted:
+        the engine has counted it."""
         self._rejected += not counted
-        key = key or reason.split(':')[0][:60]
+        parts = reason.split(':')
+        # a fleet's reasons start 'session <name>: ': keep the session and the reason's head
+        key = key or ':'.join(parts[:2 if reason.startswith('session ') else 1])[:60]
         self._refusals[key] = self._refusals.get(key, 0) + 1
         self._last_refusal = reason
         getattr(self.get_logger(), level)(f'step refused: {reason}', throttle_duration_sec=1.0)
@@ -487,6 +492,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         io = io or self._io[0]
         self._store(io, 'joint_state', (list(msg.name), np.asarray(msg.position),
                                         np.asarray(msg.velocity)), _stamp(msg))
+        io.seen = True
         self._lockstep(io)
 
     def imu_callback(self, msg, io=None):
@@ -501,7 +507,9 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
     def _lockstep(self, io):
         """Simulation: one step per new joint state, once the IMU reading of the same stamp
         (if the terms use one) has arrived too, whichever came second. A fleet steps when
-        every session that has readings (and is not held) has its next ones: one tick."""
+        every session that has had readings (and is not held) has its next ones: one tick
+        (a restored session's world re-sends; one that stops is left behind after
+        lockstep_wait)."""
         if self.config is None or self.config['control_mode'] != 'lockstep':
             return
         joint = io.inputs.get('joint_state')
@@ -517,7 +525,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             if imu is None or imu[1] != joint[1]:
                 return              # wait for the matching IMU reading
         io.pending = tag
-        waiting = [s for s in self._io if s.inputs.get('joint_state') and not s.held]
+        waiting = [s for s in self._io if s.seen and not s.held]
         if all(s.pending for s in waiting):
             self._tick_pending()
         elif self._pending_since is None:
@@ -813,8 +821,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if self.fleet:
             io = self._io[session]
             io.held = False
-            # its readings answered the old state: until new ones come it holds no lock-step
-            # tick of the fleet back (the command is a setting, not a reading: kept)
+            # its readings answered the old state (the command is a setting, not a reading:
+            # kept); its world sends the restored state's readings next
             io.inputs = {k: v for k, v in io.inputs.items() if k == 'command'}
         else:
             self._clear_poison(self.engine)

@@ -162,3 +162,103 @@ def test_fleet_parameters_are_checked(ros, tmp_path):  # noqa: F811
             assert node.trigger_configure() != SUCCESS, bad
         finally:
             node.destroy_node()
+
+
+TERMS = dict(policy_type='recurrent', obs_dim=2, act_dim=2, rnn_hidden_dim=16,
+             observation_type='terms', observation_terms=['joint_pos'], joint_names=['j0', 'j1'],
+             default_angles=[0.0, 0.0], action_scale=[1.0], sessions=2,
+             session_names=['a', 'b'])
+
+
+class _Robots:
+    """Joint-state publishers and joint-command subscribers of sessions a and b."""
+
+    def __init__(self, fleet_name, client):
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Float64MultiArray
+        self.JointState = JointState
+        qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        self.pubs = {s: client.create_publisher(JointState, f'/{fleet_name}/{s}/joint_states',
+                                                qos) for s in 'ab'}
+        self.commands = {s: [] for s in 'ab'}
+        for s in 'ab':
+            client.create_subscription(Float64MultiArray, f'/{fleet_name}/{s}/joint_commands',
+                                       lambda m, s=s: self.commands[s].append(list(m.data)),
+                                       qos)
+
+    def publish(self, session, sec, q):
+        msg = self.JointState(name=['j0', 'j1'], position=list(q), velocity=[0.0, 0.0])
+        msg.header.stamp.sec = sec
+        self.pubs[session].publish(msg)
+
+
+def _terms_fleet(tmp_path, **extra):
+    name = f'flashrt_fleet_terms_{os.getpid()}_{len(extra)}'
+    params = dict(TERMS, device='cpu', capsule_dir=str(tmp_path / 'caps'), **extra)
+    node = PolicyNode(name, parameter_overrides=[Parameter(k, value=v)
+                                                 for k, v in params.items()])
+    client = rclpy.create_node(name + '_client')
+    robots = _Robots(name, client)
+    spinners = [spin_in_thread(node), spin_in_thread(client)]
+    assert node.trigger_configure() == SUCCESS and node.trigger_activate() == SUCCESS
+    wait_for(lambda: all(p.get_subscription_count() for p in robots.pubs.values())
+             and all(p.get_subscription_count() for io in node._io for p in io.command_pubs),
+             what='robot topics')
+    return node, client, robots, spinners
+
+
+def _close(node, client, spinners):
+    for spinner in spinners:
+        spinner.shutdown()
+    node.destroy_node()
+    client.destroy_node()
+
+
+def test_lockstep_fleet_ticks_once_for_all_robots_and_does_not_wait_forever(ros, tmp_path):  # noqa: F811,E501
+    node, client, robots, spinners = _terms_fleet(tmp_path, lockstep_wait=0.2)
+    try:
+        engine = node.engine
+        robots.publish('a', 1, [0.1, 0.2])      # the first readings introduce the robots
+        robots.publish('b', 1, [0.3, 0.4])
+        wait_for(lambda: all(robots.commands[s] for s in 'ab'), what='both commands')
+        replays = len(engine._latencies)
+        robots.publish('a', 2, [0.5, 0.6])
+        robots.publish('b', 2, [0.7, 0.8])
+        wait_for(lambda: all(len(robots.commands[s]) == 2 for s in 'ab'), what='2nd commands')
+        # both robots answered by ONE replay of the fleet's graph
+        assert len(engine._latencies) == replays + 1
+        assert [engine.session(i).step_index for i in range(2)] == [2, 2]
+        # robot b stalls: after lockstep_wait, a steps without it
+        robots.publish('a', 3, [0.9, 1.0])
+        wait_for(lambda: len(robots.commands['a']) == 3, what="a's third command")
+        assert [engine.session(i).step_index for i in range(2)] == [3, 2]
+        assert len(robots.commands['b']) == 2
+        # b comes back: both tick together again
+        robots.publish('b', 3, [1.1, 1.2])
+        robots.publish('a', 4, [1.3, 1.4])
+        wait_for(lambda: len(robots.commands['b']) == 3 and len(robots.commands['a']) == 4,
+                 what='b back')
+        assert [engine.session(i).step_index for i in range(2)] == [4, 3]
+    finally:
+        _close(node, client, spinners)
+
+
+def test_timer_fleet_steps_the_robots_with_fresh_readings(ros, tmp_path):  # noqa: F811
+    node, client, robots, spinners = _terms_fleet(tmp_path, control_mode='timer',
+                                                  control_rate=50.0, max_input_age=5.0)
+    try:
+        engine = node.engine
+        robots.publish('a', 1, [0.1, 0.2])
+        wait_for(lambda: len(robots.commands['a']) >= 3, what="a's commands")
+        assert engine.session(1).step_index == 0 and not robots.commands['b']
+        assert any(k.startswith('session b: missing input') for k in node._refusals)
+        robots.publish('b', 1, [0.3, 0.4])
+        wait_for(lambda: len(robots.commands['b']) >= 3, what="b's commands")
+        # a reference engine stepping the same reading gives a's first actions (targets =
+        # default 0 + 1.0 * action, float64 of the float32 action)
+        cfg = dict(PARAMS, **{k: v for k, v in TERMS.items() if k in ('obs_dim', 'act_dim')})
+        _, expected = reference_actions(dict(cfg, sessions=1, session_names=[]),
+                                        [[0.1, 0.2]] * 3, tmp_path / 'ref')
+        assert robots.commands['a'][:3] == expected
+    finally:
+        _close(node, client, spinners)
