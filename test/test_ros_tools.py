@@ -273,6 +273,23 @@ def test_service_call_snapshot_and_restore(ros):
                                         'flashrt_ros/srv/ListCapsules')
 
 
+def test_fleet_node_from_the_command_line(ros):
+    """A fleet node launched with sessions in its params file; the session field from
+    `ros2 service call`, a per-session topic seen by `ros2 topic list`."""
+    node = start_policy(ros, 'namespace:=fleet', sessions=2, session_names=['left', 'right'])
+    assert 'string session' in ros.ros2('interface', 'show', 'flashrt_ros/srv/ResetSession')
+    out = call(ros, node, 'snapshot', 'Snapshot', '{name: cli_left, session: left}')
+    assert 'success=True' in out and "of session 'left'" in out, out
+    out = call(ros, node, 'restore', 'Restore', '{name: cli_left, session: right}')
+    assert 'success=True' in out and "of session 'right'" in out, out
+    out = call(ros, node, 'snapshot', 'Snapshot', '{name: unnamed}')
+    assert 'success=False' in out and 'name one' in out, out
+    out = call(ros, node, 'reset_session', 'ResetSession', '{session: "1"}')
+    assert 'success=True' in out and 'episode 1' in out, out
+    topics = ros.ros2('topic', 'list')
+    assert f'{node}/left/observation' in topics and f'{node}/observations' in topics, topics
+
+
 def test_topic_echo_of_the_action_and_a_live_parameter(ros):
     node = start_policy(ros)
     # checkpoint_every is live: set now, it must take effect on the next steps
