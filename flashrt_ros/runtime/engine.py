@@ -22,7 +22,7 @@ change its rounding). Each session's actions still never depend on another sessi
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 import math
 import threading
@@ -138,7 +138,6 @@ class Session:
     position: int = 0
     rollback_available: int = 0
     lineage: str = ''       # the capsule the live state descends from (manifest.parent)
-    latencies: deque = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
 
 class PolicyEngine:
@@ -233,14 +232,16 @@ class PolicyEngine:
             self._feedback = self._make_feedback(*last_action)
         # What the finite flag covers, per session: the action and the static float buffers
         # (the history's append rows are checked when a checkpoint is taken or chosen:
-        # nonfinite_buffers). Rows of the batched views; a session's part is contiguous.
-        self._finite_over = [self.act_buf] + [
-            v.flatten(1) for name, v in self.arena.batched.items() if v.is_floating_point()
-            and v.numel() and self.arena.specs[name].growth == 'static']
-        if self.sessions == 1:  # plain tensors of the one session, for one multi-tensor kernel
-            self._finite_over = [self.act_buf[0]] + [
-                v for name, v in self.arena.views.items() if v.is_floating_point()
-                and v.numel() and self.arena.specs[name].growth == 'static']
+        # nonfinite_buffers). One session: its plain views, for one multi-tensor kernel; a
+        # fleet: rows of the batched views (a session's part is contiguous).
+        static = [name for name, spec in self.arena.specs.items() if spec.growth == 'static'
+                  and self.arena.views[name].is_floating_point()
+                  and self.arena.views[name].numel()]
+        if self.sessions == 1:
+            self._finite_over = [self.act_buf[0]] + [self.arena.views[n] for n in static]
+        else:
+            self._finite_over = [self.act_buf] + [self.arena.batched[n].flatten(1)
+                                                  for n in static]
 
         # Same step function on every device: captured on CUDA, called eagerly on CPU. A
         # policy whose step cost grows with the history span (spans()) gets one step per span,
