@@ -6,7 +6,7 @@ activate: observation subscription, action/status/diagnostics publishers, a pinn
 
 Every observation is one committed step and publishes one action. With `sessions` > 1 the
 node serves a fleet: one policy state per session, all stepped in one graph replay per tick
-(lock-step: once every session that has readings has its next ones; timer: every session with
+(lock-step: once every session that has had readings has its next ones; timer: every session with
 fresh readings), each session's topics under ~/<session name>/ (the robot messages of one
 robot stay standard messages in its own namespace), flat vectors also batched on
 ~/observations -> ~/actions (one message per tick for a simulation farm), and the capsule
@@ -233,9 +233,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                                         cfg['joint_lower_limits'], cfg['joint_upper_limits'])
         sessions = cfg['sessions']
         if sessions > 1:
+            # count and distinctness: the engine checks them (build_engine)
             names = cfg['session_names'] or [f's{i}' for i in range(sessions)]
-            need(len(names) == sessions and len(set(names)) == sessions, 'session_names',
-                 f'needs {sessions} distinct names (one per session), or none')
             bad = [n for n in names if not re.fullmatch(r'[A-Za-z][A-Za-z0-9_]*', n)]
             need(not bad, 'session_names', f'{bad} are not ROS name tokens (a letter, then '
                  'letters, digits, _): they name each session\'s topic namespace')
@@ -815,16 +814,17 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if hasattr(response, 'latency_us'):
             response.latency_us = float(result.latency_us)
 
-    def _state_changed(self, session):
-        """After a restore, reset or rollback of a session (an index): its poison hold ends
-        and its lock-step bookkeeping follows the state."""
+    def _state_changed(self, session, restored=True):
+        """After a restore or reset (restored) or a rollback of a session (an index): its
+        lock-step bookkeeping follows the state, and a restore or reset ends its poison hold
+        (a rollback does not: ~/recover, ~/restore or a reset do, as documented)."""
         if self.fleet:
             io = self._io[session]
-            io.held = False
+            io.held = io.held and not restored
             # its readings answered the old state (the command is a setting, not a reading:
             # kept); its world sends the restored state's readings next
             io.inputs = {k: v for k, v in io.inputs.items() if k == 'command'}
-        else:
+        elif restored:
             self._clear_poison(self.engine)
         self._sync_lockstep(session)
 
@@ -852,7 +852,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             result = self.engine.rollback(int(request.steps), session=session)
             self._fill(response, result)
             response.step = result.step
-            self._state_changed(session)
+            self._state_changed(session, restored=False)
         return self._serve(response, op)
 
     def list_capsules_callback(self, request, response):
