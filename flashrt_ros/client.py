@@ -52,6 +52,17 @@ def spin_in_thread(*nodes):
     return Spinner(*nodes)
 
 
+def wait_matched(publishers, subscriptions, deadline, problem):
+    """Waits until every publisher has a subscriber and every subscription a publisher,
+    matched on both sides (not only discovered in the graph: a first message could go to
+    nobody); TimeoutError(problem) after `deadline` (time.monotonic())."""
+    while not (all(p.get_subscription_count() for p in publishers) and
+               all(s.get_publisher_count() for s in subscriptions)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(problem)
+        time.sleep(0.01)
+
+
 def call_service(client, request, timeout):
     """One call from a node spun in another thread: (response, round-trip seconds), woken by
     the future's done callback (no polling); TimeoutError when no answer comes in time."""
@@ -103,15 +114,9 @@ class PolicyClient:
             left = max(0.0, deadline - time.monotonic())
             if not client.wait_for_service(timeout_sec=left):
                 raise TimeoutError(f'service {self.policy}/{name} did not appear')
-        action_topic = f'{self.policy}/action'
-        # matched on both sides (not only discovered in the graph), or the first observation
-        # or the first action could go to nobody
-        while (self._obs_pub.get_subscription_count() == 0
-               or self._action_sub.get_publisher_count() == 0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f'{self.policy}/observation and {action_topic} are not '
-                                   'both connected: is the policy node active?')
-            time.sleep(0.01)
+        wait_matched([self._obs_pub], [self._action_sub], deadline,
+                     f'{self._obs_pub.topic_name} and {self._action_sub.topic_name} are not '
+                     'both connected: is the policy node active?')
 
     def call(self, service, **fields):
         """Calls a service with request fields; returns (response, round-trip seconds)."""

@@ -34,7 +34,7 @@ import rclpy
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 
-from flashrt_ros.client import PolicyClient, spin_in_thread
+from flashrt_ros.client import PolicyClient, spin_in_thread, wait_matched
 from flashrt_ros.robot_world import RobotWorld
 from flashrt_ros.messages import robot_messages
 from flashrt_ros.sim import MujocoWorld, robot_world_from_parameters, World
@@ -262,13 +262,10 @@ class RobotLink:
         for name, service in client.clients.items():
             if not service.wait_for_service(timeout_sec=max(0.0, deadline - time.monotonic())):
                 raise TimeoutError(f'service {self.policy}/{name} did not appear')
-        while not (all(p.get_subscription_count() for p in self._pubs) and
-                   all(s.get_publisher_count() for s in self._subs)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f'{self.policy}: ~/joint_states, ~/imu, ~/action and '
-                                   '~/joint_commands are not all connected: is the node active, '
-                                   "with observation_type 'terms' and control_mode 'lockstep'?")
-            time.sleep(0.01)
+        wait_matched(self._pubs, self._subs, deadline,
+                     f'{self.policy}: ~/joint_states, ~/imu, ~/action and ~/joint_commands are '
+                     "not all connected: is the node active, with observation_type 'terms' and "
+                     "control_mode 'lockstep'?")
         time.sleep(settle)
 
     def __call__(self, world, obs):
@@ -337,13 +334,9 @@ class BatchedLink:
         unknown = [f'{p}:{n}' for p, n in addresses if n not in self._rows[p]]
         if unknown:
             raise ValueError(f'no such sessions: {unknown}')
-        deadline = time.monotonic() + timeout
-        while not (all(p.get_subscription_count() for p in self._pubs.values()) and
-                   all(s.get_publisher_count() for s in self._subs)):
-            if time.monotonic() > deadline:
-                raise TimeoutError('~/observations and ~/actions of the fleet nodes are not '
-                                   "connected: observation_type 'float32_array', sessions > 1?")
-            time.sleep(0.01)
+        wait_matched(self._pubs.values(), self._subs, time.monotonic() + timeout,
+                     '~/observations and ~/actions of the fleet nodes are not connected: '
+                     "observation_type 'float32_array', sessions > 1?")
         time.sleep(0.2)     # the node's side of the match may come a little later
 
     def _on(self, policy, msg):
