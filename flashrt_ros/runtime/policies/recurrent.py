@@ -13,17 +13,22 @@ from ..state import BufferSpec
 from .base import mlp, Policy
 
 
-def _fp32_for_batches(batched):
+# what torch.backends.cudnn.flags() sets (its parameters differ between torch versions)
+_CUDNN_FLAGS = tuple(inspect.signature(torch.backends.cudnn.flags).parameters)
+
+
+def _fp32_for_batches(x):
     '''cuDNN may run a batched LSTM/GRU in TF32 (torch.backends.cudnn.allow_tf32 is on by
     default): measured on the H200, a fleet's actions then differ from one session's by ~1e-4.
-    A batch of sessions keeps float32 (the flag is read when the kernels are chosen, i.e. at
-    capture); a single session runs exactly as the exporter does under the user's settings.'''
-    if not batched:
+    A batch of sessions (x [1, B > 1, in] on CUDA) keeps float32 (the flag is read when the
+    kernels are chosen, i.e. at capture); a single session runs exactly as the exporter does
+    under the user's settings, and the CPU never uses cuDNN.'''
+    if x.shape[1] == 1 or not x.is_cuda:
         return contextlib.nullcontext()
     c = torch.backends.cudnn
     # flags() sets every flag it names (its defaults would turn cuDNN off): pass the current
     # values, with float32 asked for in both the old and the new (fp32_precision) spelling
-    names = inspect.signature(c.flags).parameters
+    names = _CUDNN_FLAGS
     current = {name: getattr(c, name) for name in names if hasattr(c, name)}
     current['allow_tf32'] = False
     if 'fp32_precision' in names:
@@ -95,7 +100,7 @@ class RecurrentPolicy(Policy):
         def write(state, new):  # [L, B, H] back into the arena's layout
             state.copy_(new.view_as(state) if state.dim() == 2 else new.transpose(0, 1))
 
-        with _fp32_for_batches(x.shape[1] > 1):
+        with _fp32_for_batches(x):
             if self.rnn_type == 'lstm':
                 cell = self.views['cell_state']
                 out, (h, c) = self.rnn(x, (as_rnn(hidden), as_rnn(cell)))
