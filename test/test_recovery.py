@@ -81,6 +81,10 @@ def test_hold_policy_refuses_until_recover_service(harness):
     poison(h)
     assert no_action_for(h, observations[7])
     assert no_action_for(h, observations[7], wait=0.2), 'held node still publishes'
+    # a rollback is not one of the ways out of a hold (recover, restore, reset_episode)
+    assert h.call('rollback', steps=1).success
+    assert h.node._holding, 'a rollback ended the hold'
+    assert no_action_for(h, observations[7], wait=0.2)
     r = h.call('recover')
     assert r.success and 'checkpoint-00000001' in r.message, r.message
     assert h.steps(observations[5:12]) == ref[5:12]
