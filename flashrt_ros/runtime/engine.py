@@ -605,17 +605,19 @@ class PolicyEngine:
         self.store.validate_name(name)
         if name in self.store and not overwrite:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
-        # Bookkeeping first, outside the timed window: latency_us is the copy itself.
         data = self._room(name, overwrite, self.arena.live_nbytes(s.position), tier)
         with self._timer as timer:
             self.arena.read_live(s.position, data, self.transfer, s.index)
-        # No checksum here: it would cost a device->host read on the hot path. It is computed
-        # when the capsule is written to disk and checked on every read from disk.
-        m = Manifest(name=name, parent=s.lineage, tier=tier, pinned=bool(pin),
-                     step=s.step_index, episode=s.episode, position=s.position,
-                     nbytes=data.numel(), schema_digest=self.arena.schema_digest,
-                     model_digest=self.model_digest, created=time.time())
-        self.store.put(Capsule(m, data), overwrite=overwrite)
+            # The copy is asynchronous: the manifest and the store's bookkeeping run on the
+            # host while it is in flight, and the window's one synchronisation ends both. (A
+            # refused put frees fresh bytes only: overwriting in place cannot be refused.)
+            # No checksum here: it would cost a device->host read on the hot path. It is
+            # computed when the capsule is written to disk and checked on every read from disk.
+            m = Manifest(name=name, parent=s.lineage, tier=tier, pinned=bool(pin),
+                         step=s.step_index, episode=s.episode, position=s.position,
+                         nbytes=data.numel(), schema_digest=self.arena.schema_digest,
+                         model_digest=self.model_digest, created=time.time())
+            self.store.put(Capsule(m, data), overwrite=overwrite)
         return m, timer.us     # manifests are frozen: the caller cannot change the store's
 
     def _room(self, name, overwrite, nbytes, tier, avoid=None):
@@ -682,10 +684,11 @@ class PolicyEngine:
                     if self.arena.specs[n].growth == 'append':
                         dst = dst[:m.position]
                     dst.copy_(views[n])
-        if kinds is None or 'meta' in kinds:
-            s.step_index, s.episode, s.position = m.step, m.episode, m.position
-        s.rollback_available = 0
-        s.lineage = name
+            # host counters while the copy is in flight (nothing below can fail)
+            if kinds is None or 'meta' in kinds:
+                s.step_index, s.episode, s.position = m.step, m.episode, m.position
+            s.rollback_available = 0
+            s.lineage = name
         self._check()
         return m, timer.us
 
@@ -722,11 +725,12 @@ class PolicyEngine:
             data = self._room(target, overwrite, src.nbytes, 'device', avoid=held)
             with self._timer as timer:
                 self.transfer.copy(data, held, src.nbytes)
-            m = Manifest(name=target, parent=source, tier='device', pinned=False, step=src.step,
-                         episode=src.episode, position=src.position, nbytes=src.nbytes,
-                         schema_digest=src.schema_digest, model_digest=src.model_digest,
-                         created=time.time())
-            self.store.put(Capsule(m, data), overwrite=overwrite)
+                # bookkeeping while the copy is in flight, as in _take
+                m = Manifest(name=target, parent=source, tier='device', pinned=False,
+                             step=src.step, episode=src.episode, position=src.position,
+                             nbytes=src.nbytes, schema_digest=src.schema_digest,
+                             model_digest=src.model_digest, created=time.time())
+                self.store.put(Capsule(m, data), overwrite=overwrite)
             return self._result(f'forked {source!r} to {target!r}', m, timer.us)
 
     def rollback(self, steps, session=None):
@@ -748,9 +752,9 @@ class PolicyEngine:
             target = s.step_index - steps
             with self._timer as timer:
                 self.ring.restore(target, s.index)
-            s.step_index = target
-            s.position -= steps * int(self._advances)
-            s.rollback_available -= steps
+                s.step_index = target       # host counters while the copy is in flight
+                s.position -= steps * int(self._advances)
+                s.rollback_available -= steps
             self._check()
             return self._result(f'rolled back {steps} steps{self._of(s)} to step {target}',
                                 None, timer.us, s)
