@@ -88,6 +88,10 @@ def ros_section(cfg, device, log):
             time.sleep(0.5)     # the echo's publisher matches our subscription too
             out['echo'] = _topic_round_trips(echo, cfg['calls'], log, dim=48,
                                              what='bare topic echo (floor)')
+            # the policy's calls start from the same client node as the floor's did: the
+            # floor's entities go (every entity costs the client's executor on each wake)
+            echo.close()
+            node.destroy_client(cli)
         finally:
             _stop(proc, plog)
         name = f'flashrt_bench_{os.getpid()}'

@@ -13,7 +13,7 @@ from std_srvs.srv import Trigger
 
 from flashrt_ros import msg as fmsg
 from flashrt_ros import srv as fsrv
-from flashrt_ros.executors import make_executor
+from flashrt_ros.executors import make_executor, publisher_events
 
 SERVICE_TYPES = {
     'snapshot': fsrv.Snapshot,
@@ -85,19 +85,22 @@ class PolicyClient:
         self.policy = policy.rstrip('/')
         self.session = session
         self.timeout = timeout
-        self.clients = {name: node.create_client(t, f'{self.policy}/{name}')
-                        for name, t in SERVICE_TYPES.items()}
+        # service clients are made on first use: each is an entity that the executor's wait
+        # set is rebuilt with on every wake (executors.py), so a planner that only restores
+        # pays for one
+        self._clients, self._clients_lock = {}, threading.Lock()
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=10,
                          reliability=ReliabilityPolicy.RELIABLE)
         topics = f'{self.policy}/{session}' if session else self.policy
-        self._obs_pub = node.create_publisher(Float32MultiArray, f'{topics}/observation', qos)
+        self._obs_pub = node.create_publisher(Float32MultiArray, f'{topics}/observation', qos,
+                                              event_callbacks=publisher_events())
         self._actions = []
         self._action_event = threading.Condition()
         self._action_sub = node.create_subscription(Float32MultiArray, f'{topics}/action',
                                                     self._on_action, qos)
         self.last_status = None
-        node.create_subscription(fmsg.PolicyStatus, f'{self.policy}/status',
-                                 self._on_status, 10)
+        self._status_sub = node.create_subscription(fmsg.PolicyStatus, f'{self.policy}/status',
+                                                    self._on_status, 10)
 
     def _on_action(self, msg):
         with self._action_event:
@@ -108,15 +111,46 @@ class PolicyClient:
         self.last_status = msg
 
     def wait_ready(self, timeout=None):
-        """Waits until every service and the action topic are connected."""
+        """Waits until every service is offered and the action topic is connected."""
         deadline = time.monotonic() + (timeout or self.timeout)
-        for name, client in self.clients.items():
-            left = max(0.0, deadline - time.monotonic())
-            if not client.wait_for_service(timeout_sec=left):
-                raise TimeoutError(f'service {self.policy}/{name} did not appear')
+        self.wait_services(deadline)
         wait_matched([self._obs_pub], [self._action_sub], deadline,
                      f'{self._obs_pub.topic_name} and {self._action_sub.topic_name} are not '
                      'both connected: is the policy node active?')
+
+    def wait_services(self, deadline):
+        """Waits until the node offers every service (in the ROS graph; a service's client,
+        made at its first call, then waits for its own connection)."""
+        for name in SERVICE_TYPES:
+            while self.node.count_services(f'{self.policy}/{name}') == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f'service {self.policy}/{name} did not appear')
+                time.sleep(0.01)
+
+    def service(self, name):
+        """The client of service `name`, made at first use and waited for (a request sent
+        before the client's endpoints are matched with the server's would be lost)."""
+        with self._clients_lock:
+            client = self._clients.get(name)
+            if client is None:
+                client = self.node.create_client(SERVICE_TYPES[name], f'{self.policy}/{name}')
+                if not client.wait_for_service(timeout_sec=self.timeout):
+                    self.node.destroy_client(client)
+                    raise TimeoutError(f'service {self.policy}/{name} did not appear within '
+                                       f'{self.timeout} s')
+                self._clients[name] = client
+            return client
+
+    def close(self):
+        """Destroys this client's service clients, publisher and subscriptions (the node
+        stays)."""
+        with self._clients_lock:
+            for client in self._clients.values():
+                self.node.destroy_client(client)
+            self._clients.clear()
+        self.node.destroy_publisher(self._obs_pub)
+        for sub in (self._action_sub, self._status_sub):
+            self.node.destroy_subscription(sub)
 
     def call(self, service, **fields):
         """Calls a service with request fields; returns (response, round-trip seconds)."""
@@ -125,7 +159,7 @@ class PolicyClient:
             request.session = self.session
         for key, value in fields.items():
             setattr(request, key, value)
-        return call_service(self.clients[service], request, self.timeout)
+        return call_service(self.service(service), request, self.timeout)
 
     def step(self, observation):
         """Publishes one observation and waits for its action (a lock-step control loop)."""

@@ -259,9 +259,7 @@ class RobotLink:
         a match may come later, and a command sent before it would be lost (the node answers
         a stamp once)."""
         deadline = time.monotonic() + timeout
-        for name, service in client.clients.items():
-            if not service.wait_for_service(timeout_sec=max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f'service {self.policy}/{name} did not appear')
+        client.wait_services(deadline)
         wait_matched(self._pubs, self._subs, deadline,
                      f'{self.policy}: ~/joint_states, ~/imu, ~/action and ~/joint_commands are '
                      "not all connected: is the node active, with observation_type 'terms' and "

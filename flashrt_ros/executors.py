@@ -9,16 +9,34 @@ rclpy's SingleThreadedExecutor, everywhere. Tried and not kept:
   core, and a client spinning it in a thread never saw its service answered (60 s timeouts,
   2026-11-29, this repository's CPU VM), consistent with the Jazzy events-executor CPU
   regression reported upstream (ros2/rclcpp#2799). Revisit with a later rclpy.
+
+Every wake of rclpy's executors rebuilds the wait set in Python, at a few microseconds per
+entity (services, timers, subscriptions, and the QoS-event handlers that rclpy gives every
+publisher and subscription by default: two waitables each). On a service round trip that is
+paid on both sides; see `publisher_events`.
 """
 import sys
 
 import rclpy
+from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
 
 def make_executor():
     """The executor every flashrt_ros node and client spins on (see the module's note)."""
     return SingleThreadedExecutor()
+
+
+def publisher_events():
+    """Event callbacks for flashrt_ros's publishers: none of rclpy's default handlers.
+
+    The two default handlers (incompatible QoS, incompatible type) were 6 of the policy
+    node's 10 waitables, the most costly entities of its wait set (py-spy on a ~/restore
+    loop). Nothing is lost: the subscriber of an incompatible pairing reports it on its
+    side (rclpy and rclcpp log it by default, and flashrt_ros's subscriptions keep their
+    handlers), and a subscriber that gets nothing shows up in the node's diagnostics.
+    """
+    return PublisherEventCallbacks(use_default_callbacks=False)
 
 
 def run(node, startup=None):

@@ -40,7 +40,7 @@ from trajectory_msgs.msg import JointTrajectory
 from flashrt_ros import msg as fmsg
 from flashrt_ros import params
 from flashrt_ros.client import SERVICE_TYPES
-from flashrt_ros.executors import run
+from flashrt_ros.executors import publisher_events, run
 from flashrt_ros.messages import action_message, capsule_info, command_message
 from flashrt_ros.recovery import RecoveryMixin
 from flashrt_ros.runtime.capsule import load_signing_key
@@ -291,7 +291,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         names = self.engine.session_names
         self._io = [SessionIO(i, n, '~/' if len(names) == 1 else f'~/{n}/')
                     for i, n in enumerate(names)]
-        pub = self.create_lifecycle_publisher
+
+        def pub(msg_type, topic, qos):
+            return self.create_lifecycle_publisher(msg_type, topic, qos,
+                                                   event_callbacks=publisher_events())
         for io in self._io:
             io.action_pub = pub(action_type, io.prefix + 'action', self._qos)
             if cfg['observation_type'] == 'terms':
@@ -303,8 +306,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if self.fleet and cfg['observation_type'] == 'float32_array':
             # a farm that assembles its observations: [sessions, obs_dim] in, one tick out
             self._actions_pub = pub(Float32MultiArray, '~/actions', self._qos)
-        self._status_pub = self.create_lifecycle_publisher(fmsg.PolicyStatus, '~/status', 10)
-        self._diag_pub = self.create_lifecycle_publisher(DiagnosticArray, '/diagnostics', 10)
+        self._status_pub = pub(fmsg.PolicyStatus, '~/status', 10)
+        self._diag_pub = pub(DiagnosticArray, '/diagnostics', 10)
 
     def on_activate(self, state):
         cfg = self.config
