@@ -79,8 +79,13 @@ class HistoryPolicy(Policy):
     'cursor' [1] (kind chunk), 'rng'. Position is meta[META_POSITION]; the engine must refuse
     a step at position == capacity (CapacityExceeded) before calling step().
 
-    Masked-out KV rows never reach the output as long as they are finite (a softmax weight of
-    0 times a finite value), which is what lets a restore copy only the live prefix.
+    Masked-out KV rows never reach the output as long as they are finite (their scores get
+    -inf added: a softmax weight of 0 times a finite value), which is what lets a restore copy
+    only the live prefix.
+
+    One token's step is hundreds of small kernels, each ~1-3 us even inside a CUDA graph, so
+    step() keeps its op count low: the mask is built once per step, residual adds ride in the
+    GEMMs, and dtype casts are left to ops that take mixed dtypes.
     '''
 
     kind = 'history'
@@ -108,6 +113,9 @@ class HistoryPolicy(Policy):
         self.head = nn.Linear(d_model, chunk * act_dim)
         # constant, not state: positions compared against meta's position for the mask
         self.register_buffer('positions', torch.arange(capacity), persistent=False)
+        # the mask bias's two values (visible, masked) in the model dtype (self.to below):
+        # torch.where over these device scalars makes the bias in one op, in that dtype
+        self.register_buffer('mask_values', torch.tensor([0.0, -math.inf]), persistent=False)
         self.to(dtype)
         self.requires_grad_(False)
         self.eval()
@@ -150,61 +158,88 @@ class HistoryPolicy(Policy):
         pos = self.meta[META_POSITION:META_POSITION + 1]                    # [1] int64
         x = self.embed(obs.view(1, self.obs_dim).to(self.dtype))            # [1, d]
         kv, conv, rec = self.views['kv'], self.views['conv'], self.views['recurrent']
+        # the same for every attention layer, so built once: the mask positions <= pos as an
+        # additive bias (0 / -inf) in the model dtype, [span, 1] against scores [H, span, 1]
+        visible, masked = self.mask_values
+        bias = torch.where(self.positions[:span] <= pos, visible, masked).view(span, 1)
         for i, block in enumerate(self.blocks):
             h, m = block.norm1(x), block.mixer
             if i % 2 == 0:
-                x = x + self._attend_one(m, h, kv[:span, i // 2], pos)
+                x = self._attend_one(m, h, x, kv[:span, i // 2], pos, bias)
             else:
-                x = x + self._recur_one(m, h, conv[i // 2], rec[i // 2])
-            x = x + block.mlp(block.norm2(x))
+                x = self._recur_one(m, h, x, conv[i // 2], rec[i // 2])
+            x = self._mlp(block, x)
         self._emit(self.norm_f(x), 1)
         cursor, chunk = self.views['cursor'], self.views['chunk']
-        action.copy_(chunk.index_select(0, cursor).view(self.act_dim))
-        cursor.copy_(torch.remainder(cursor + 1, self.chunk))
-        self.views['rng'][1:2].add_(1)
-        pos.add_(1)
+        torch.index_select(chunk, 0, cursor, out=action.view(1, self.act_dim))
+        self._advance(1)
 
-    def _attend_one(self, m, h, kv, pos):
+    @staticmethod
+    def _plus_linear(x, y, linear):
+        # x + linear(y) (a bias-free Linear) as one GEMM with x as its addend; one row goes in
+        # as a 1-D bias, which cuBLASLt adds in the GEMM's epilogue (no copy of x first)
+        return torch.addmm(x[0] if x.shape[0] == 1 else x, y, linear.weight.t())
+
+    def _mlp(self, block, x):
+        up, act, down = block.mlp
+        return self._plus_linear(x, act(up(block.norm2(x))), down)
+
+    def _advance(self, n):
+        # n tokens on: chunk cursor (mod chunk), rng counter and position, in one foreach add
+        cursor = self.views['cursor']
+        torch._foreach_add_([cursor, self.views['rng'][1:2],
+                             self.meta[META_POSITION:META_POSITION + 1]], n)
+        cursor.remainder_(self.chunk)
+
+    def _attend_one(self, m, h, x, kv, pos, bias):
         # kv [span, 2, H, D]: write this token's K, V at pos (< span), attend over every slot
-        # with the mask positions <= pos (static shapes; masked slots weigh exactly 0)
+        # with the mask bias (static shapes; masked slots weigh exactly 0); returns x + output
         qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
         kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
         # two batched matmuls straight over the cache views (strided, no copies): one query
         # against C keys is a gemv, and fused SDPA kernels with a mask parallelise poorly
-        # over a single query (fp32 fell to one block per head)
+        # over a single query (fp32 fell to one block per head). The first also applies the
+        # scale and adds the mask bias (on CUDA a copy of the bias into its output, then the
+        # GEMM); softmax of the model dtype accumulates in float32.
         k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
-        scores = torch.matmul(k, qkv[0].unsqueeze(-1)).squeeze(-1).float()   # [H, C]
-        visible = self.positions[:kv.shape[0]] <= pos
-        scores = torch.where(visible, scores * m.head_dim ** -0.5, -math.inf)
-        p = torch.softmax(scores, dim=-1).to(self.dtype)                     # [H, C]
-        o = torch.matmul(p.unsqueeze(1), v)                                  # [H, 1, D]
-        return m.wo(o.reshape(1, self.d_model))
+        scores = torch.baddbmm(bias, k, qkv[0].unsqueeze(-1), alpha=m.head_dim ** -0.5)
+        p = torch.softmax(scores.view(m.heads, -1), dim=-1)                  # [H, C]
+        o = torch.bmm(p.unsqueeze(1), v)                                     # [H, 1, D]
+        return self._plus_linear(x, o.view(1, self.d_model), m.wo)
 
-    def _recur_one(self, m, h, conv, rec):
-        # conv [W-1, d] holds the last W-1 conv inputs; rec [d] the recurrence (float32)
-        u, g, z = m.in_proj(h).chunk(3, dim=-1)                              # [1, d] each
-        window = torch.cat([conv, u])                                        # [W, d]
+    def _recur_one(self, m, h, x, conv, rec):
+        # conv [W-1, d] holds the last W-1 conv inputs; rec [d] the recurrence (float32);
+        # returns x + output
+        u, g, z = m.in_proj(h).view(3, -1)                                   # [d] each
+        window = torch.cat([conv, u.view(1, -1)])                           # [W, d]
         conv.copy_(window[1:])
-        y = F.silu((window * m.conv_w.t()).sum(0) + m.conv_b)                # [d]
-        a = torch.sigmoid(g.view(-1) + m.a_bias).float()                     # [d]
-        rec.copy_(a * rec + (1 - a) * y.float())
-        return m.out_proj(rec.to(self.dtype).view(1, -1) * F.silu(z))
+        # the depthwise conv, conv_b[c] + conv_w[c] . window[:, c], as d batched 1 x W x 1
+        # products over strided views: one batched GEMM (on CUDA after a copy of conv_b)
+        y = F.silu(torch.baddbmm(m.conv_b.view(-1, 1, 1), m.conv_w.unsqueeze(1),
+                                 window.t().unsqueeze(-1)).view(-1))         # [d]
+        a = torch.sigmoid(g + m.a_bias)                                      # [d]
+        # a*rec + (1-a)*y, as y + a*(rec - y): float32 (rec's dtype) by type promotion
+        torch.addcmul(y, a, rec - y, out=rec)
+        # rec * silu(z) computed in float32 and rounded once into the model dtype
+        gated = torch.mul(rec, F.silu(z), out=torch.empty_like(z))
+        return self._plus_linear(x, gated.view(1, -1), m.out_proj)
 
     def _emit(self, xf, n_steps, last=None):
         # at cursor 0 the head's chunk replaces the chunk buffer (torch.where: no branching).
-        # For prefill (n_steps tokens), the last token that met cursor 0 is `last`
+        # For prefill (n_steps tokens), the last token that met cursor 0 is `last`; a step
+        # (last None, n_steps 1) emits at cursor 0 from xf, its noise at the counter itself
         cursor, chunk = self.views['cursor'], self.views['chunk']
-        emit_at = n_steps - 1 - torch.remainder(cursor + (n_steps - 1), self.chunk)  # [1]
-        emit = emit_at >= 0
         if last is None:
-            row = xf
+            emit, offset, row = cursor == 0, None, xf
         else:
-            row = last.index_select(0, emit_at.clamp(min=0))
-        new = self.head(row).float().view(self.chunk, self.act_dim)
+            emit_at = n_steps - 1 - torch.remainder(cursor + (n_steps - 1), self.chunk)  # [1]
+            emit, offset = emit_at >= 0, emit_at.clamp(min=0)
+            row = last.index_select(0, offset)
+        new = self.head(row).view(self.chunk, self.act_dim)        # model dtype; where promotes
         if self.noise_std > 0:
-            noise = self._noise(self.chunk * self.act_dim, emit_at.clamp(min=0))
+            noise = self._noise(self.chunk * self.act_dim, offset)
             new = new + noise.view(self.chunk, self.act_dim)
-        chunk.copy_(torch.where(emit, new, chunk))
+        torch.where(emit, new, chunk, out=chunk)
 
     @torch.no_grad()
     def prefill(self, observations, position=None):
@@ -229,18 +264,15 @@ class HistoryPolicy(Policy):
         for i, block in enumerate(self.blocks):
             h, m = block.norm1(x), block.mixer
             if i % 2 == 0:
-                x = x + self._attend_many(m, h, kv[:, i // 2], pos)
+                x = self._attend_many(m, h, x, kv[:, i // 2], pos)
             else:
-                x = x + self._recur_many(m, h, conv[i // 2], rec[i // 2])
-            x = x + block.mlp(block.norm2(x))
+                x = self._recur_many(m, h, x, conv[i // 2], rec[i // 2])
+            x = self._mlp(block, x)
         xf = self.norm_f(x)
         self._emit(xf, T, last=xf)
-        cursor = self.views['cursor']
-        cursor.copy_(torch.remainder(cursor + T, self.chunk))
-        self.views['rng'][1:2].add_(T)
-        self.meta[META_POSITION:META_POSITION + 1].add_(T)
+        self._advance(T)
 
-    def _attend_many(self, m, h, kv, pos):
+    def _attend_many(self, m, h, x, kv, pos):
         T = h.shape[0]
         qkv = m.wqkv(h).view(T, 3, m.heads, m.head_dim)                      # [T, 3, H, D]
         kv[pos:pos + T].copy_(qkv[:, 1:])
@@ -255,9 +287,9 @@ class HistoryPolicy(Policy):
             keys = torch.arange(pos + T, device=h.device)
             mask = keys.view(1, -1) <= (pos + torch.arange(T, device=h.device)).view(-1, 1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return m.wo(o[0].transpose(0, 1).reshape(T, self.d_model))
+        return self._plus_linear(x, o[0].transpose(0, 1).reshape(T, self.d_model), m.wo)
 
-    def _recur_many(self, m, h, conv, rec):
+    def _recur_many(self, m, h, x, conv, rec):
         u, g, z = m.in_proj(h).chunk(3, dim=-1)                              # [T, d] each
         full = torch.cat([conv, u])                                          # [W-1+T, d]
         conv.copy_(full[-(self.conv_width - 1):])
@@ -267,4 +299,4 @@ class HistoryPolicy(Policy):
         a = torch.sigmoid(g + m.a_bias).float()                              # [T, d]
         hs = linear_scan(a, (1 - a) * y.float(), rec)                        # [T, d]
         rec.copy_(hs[-1])
-        return m.out_proj(hs.to(self.dtype) * F.silu(z))
+        return self._plus_linear(x, hs.to(self.dtype) * F.silu(z), m.out_proj)
