@@ -4,7 +4,6 @@ Each test creates a PolicyNode in-process and a PolicyClient on a second node, b
 MultiThreadedExecutor in a thread. Actions are compared, bit for bit, with a reference engine
 (the same policy, built in-process without ROS) that never saw the refused inputs or calls.
 """
-from dataclasses import replace
 import math
 import os
 import random
@@ -525,7 +524,7 @@ def test_concurrent_calls_race_with_stream(make):
         assert h.steps(continuation) == a, name
         # The continuation equals that of the capsule's bytes on a fresh engine.
         ref, _ = reference_actions(h.params, [], h.tmp_path / f'ref-{name}')
-        ref.store.put(Capsule(replace(m, tier='device', pinned=False),
+        ref.store.put(Capsule(m._replace(tier='device', pinned=False),
                               engine.store.data_on(name, 'cpu')))
         ref.restore(name)
         assert [ref.step(o).tolist() for o in continuation] == a, name

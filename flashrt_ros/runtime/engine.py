@@ -624,7 +624,7 @@ class PolicyEngine:
         """The bytes a new capsule `name` of `nbytes` in `tier` is copied into."""
         old = self.store.peek(name) if overwrite else None
         if (old is not None and old.manifest.tier == tier and old.data is not None
-                and old.data.numel() == nbytes and old.data is not avoid):
+                and old.manifest.nbytes == nbytes and old.data is not avoid):
             # Overwriting a capsule of the same size in the same tier (periodic checkpoints, a
             # planner's 'current' capsule): reuse its bytes, no allocation. put() cannot refuse
             # it: the new capsule takes exactly the old one's room.
