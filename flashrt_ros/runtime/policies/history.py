@@ -196,12 +196,19 @@ class HistoryPolicy(Policy):
         # with the mask bias (static shapes; masked slots weigh exactly 0); returns x + output
         qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
         kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
-        # two batched matmuls straight over the cache views (strided, no copies): one query
-        # against C keys is a gemv, and fused SDPA kernels with a mask parallelise poorly
-        # over a single query (fp32 fell to one block per head). The first also applies the
-        # scale and adds the mask bias (on CUDA a copy of the bias into its output, then the
-        # GEMM); softmax of the model dtype accumulates in float32.
         k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
+        if self.dtype in (torch.bfloat16, torch.float16):
+            # half precision: the fused SDPA kernel (2 kernels; on the H200 at 16k keys
+            # 22.5 us a layer against 46.6 us for the matmul path below)
+            o = F.scaled_dot_product_attention(
+                qkv[0].view(1, m.heads, 1, m.head_dim), k[None], v[None],
+                attn_mask=bias.view(1, 1, 1, -1))
+            return self._plus_linear(x, o.view(1, self.d_model), m.wo)
+        # float32: two batched matmuls straight over the cache views (strided, no copies):
+        # one query against C keys is a gemv, and the fused SDPA kernels with a mask
+        # parallelise poorly over a single float32 query (one block per head: 1.8 ms a step
+        # on the H200). The first also applies the scale and adds the mask bias (on CUDA a
+        # copy of the bias into its output, then the GEMM); softmax accumulates in float32.
         scores = torch.baddbmm(bias, k, qkv[0].unsqueeze(-1), alpha=m.head_dim ** -0.5)
         p = torch.softmax(scores.view(m.heads, -1), dim=-1)                  # [H, C]
         o = torch.bmm(p.unsqueeze(1), v)                                     # [H, 1, D]
