@@ -32,9 +32,9 @@ def publisher_events():
 
     The two default handlers (incompatible QoS, incompatible type) were 6 of the policy
     node's 10 waitables, the most costly entities of its wait set (py-spy on a ~/restore
-    loop). Nothing is lost: the subscriber of an incompatible pairing reports it on its
-    side (rclpy and rclcpp log it by default, and flashrt_ros's subscriptions keep their
-    handlers), and a subscriber that gets nothing shows up in the node's diagnostics.
+    loop). The report is not lost: the subscriber of an incompatible pairing logs it on its
+    side (rclpy and rclcpp do by default, and flashrt_ros's subscriptions keep their
+    handlers).
     """
     return PublisherEventCallbacks(use_default_callbacks=False)
 
