@@ -168,7 +168,8 @@ def render(results):
                    'stream synchronisation, host wall (what a caller could issue instead); '
                    '"torch copy" the same with torch\'s copy_. Budget: every whole call <= '
                    '1.2x copy + 15 us, and at 4 KB snapshot and restore <= 2x raw memcpy. '
-                   '"copy window" is OpResult.latency_us (copies + synchronisation only). '
+                   '"copy window" is OpResult.latency_us (copies, the bookkeeping overlapped '
+                   'with them, and the synchronisation). '
                    'Naive: the same named buffers as separate tensors, copied one by one. '
                    'Live bytes are random.\n')
         if s.get('note'):

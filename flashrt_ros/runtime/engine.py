@@ -56,8 +56,9 @@ class _Timer:
 
     The window opens before the copies (or the graph replay) are issued and closes after
     Transfer.sync() returns, so latency_us is what the work costs the caller, issue overhead
-    included, on every device. (CUDA events measured the copy alone and cost two records, an
-    event wait and elapsed_time: about 12 us per call on the H200 host.)
+    (and any host bookkeeping done while the copy is in flight) included, on every device.
+    (CUDA events measured the copy alone and cost two records, an event wait and
+    elapsed_time: about 12 us per call on the H200 host.)
     """
 
     def __init__(self, transfer):
