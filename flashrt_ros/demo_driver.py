@@ -123,7 +123,7 @@ class Demo:
         return all(ok for _, ok, _ in self.checks)
 
     def report(self, status):
-        print('\nlatency (round trip through ROS; device-timed operation inside the node)')
+        print('\nlatency (round trip through ROS; the operation\'s latency_us inside the node)')
         print(f'  {"service":<16}{"calls":>6}{"rt p50 us":>12}{"rt p99 us":>12}'
               f'{"op p50 us":>12}')
         for service, samples in self.latency.items():
