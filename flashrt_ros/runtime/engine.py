@@ -285,12 +285,6 @@ class PolicyEngine:
         self.policy.bind(self.arena.session_views[index])
 
     def _step_fn(self, span=None):
-        # The step brings its own input in and its output out (on CUDA these copies from and
-        # into pinned host memory are memcpy nodes of the graph): a step is one replay and one
-        # synchronisation, with no copy issued from the host (each cost ~7 us on the H200 host).
-        self.obs_buf.copy_(self._obs_host, non_blocking=True)
-        if self.sessions > 1:
-            self._ctl_buf.copy_(self._ctl_host, non_blocking=True)
         self.ring.record()      # every session's pre-step static block, before any write
         if self.sessions > 1:   # (one session: the tag is written after the replay)
             tag = self._ctl_buf[:, 1]
@@ -321,7 +315,6 @@ class PolicyEngine:
         if self.sessions == 1:
             norms = torch._foreach_norm(self._finite_over, math.inf)
             self._finite_flag.copy_(torch.isfinite(torch.stack([n.float() for n in norms])).all())
-            self._out_host.copy_(self.out_buf, non_blocking=True)
             return
         norms = [torch.linalg.vector_norm(v, math.inf, dim=1).float() for v in self._finite_over]
         self._finite_flag.copy_(torch.isfinite(torch.stack(norms)).all(0))
@@ -331,7 +324,6 @@ class PolicyEngine:
         active = self._ctl_buf[:, 0:1] != 0
         static = self.ring.static
         static.copy_(torch.where(active, static, self.ring.recorded()))
-        self._out_host.copy_(self.out_buf, non_blocking=True)
 
     def _reinit(self, s, episode):
         """A session's initial state: zeros, the policy's own initial values, meta =
@@ -471,7 +463,7 @@ class PolicyEngine:
                 raise CapacityExceeded(
                     f'history is full ({self.arena.capacity} positions){which}; reset the '
                     'episode, restore or roll back')
-        n, ctl = self.sessions, self._ctl_np
+        copy, n, ctl = self.transfer.copy, self.sessions, self._ctl_np
         if n > 1:
             ctl[:] = 0
             for s, tag in zip(sessions, tags):
@@ -480,10 +472,13 @@ class PolicyEngine:
             ctl[0, 1] = tags[0]
         position = sessions[0].position if n == 1 else max(s.position for s in sessions)
         with self._timer as timer:      # its exit synchronises the device, once
-            self._graph_for(position).replay()      # obs in, step, output out (_step_fn)
+            copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
+            if n > 1:
+                copy(self._ctl_buf, self._ctl_host, 16 * n)
+            self._graph_for(position).replay()
             if n == 1 and tags[0]:      # after the replay: the ring holds the previous tag
-                self.transfer.copy(self.meta, self._ctl_host, 8, dst_offset=8 * META_TAG,
-                                   src_offset=8)
+                copy(self.meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
+            copy(self._out_host, self.out_buf, 4 * n * (self.act_dim + 1))
         self._latencies.append(timer.us)
         depth, advance = self.ring.depth, int(self._advances)
         if n > 1:
