@@ -497,17 +497,6 @@ def _g1_note(g):
     return 'match' if g['match'] else f'DIFFER: {g["found"]}'
 
 
-class FleetReport(Report):
-    """run.py's Report (JSON written atomically after every section), with this markdown.
-
-    Report.write renders run.py's tables first; the section names here are none of its
-    own, so that is a header and the checks, replaced at once."""
-
-    def write(self):
-        super().write()
-        self.out.with_suffix('.md').write_text(render(self.results))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--smoke', action='store_true', help='small N, few iterations (the test)')
@@ -542,8 +531,8 @@ def main(argv=None):
         ('-smoke' if mode == 'smoke' else '')
     out = pathlib.Path(args.out or ROOT / 'benchmarks' / 'results' / stem)
     out = out.with_suffix('') if out.suffix in ('.json', '.md') else out
-    report = FleetReport(out, env, {**cfg, 'policies': POLICIES, 'obs_dim': OBS_DIM,
-                                    'act_dim': ACT_DIM, 'frames': FRAMES})
+    report = Report(out, env, {**cfg, 'policies': POLICIES, 'obs_dim': OBS_DIM,
+                               'act_dim': ACT_DIM, 'frames': FRAMES}, render_md=render)
     report.results['command'] = 'python -m benchmarks.fleet ' + ' '.join(
         sys.argv[1:] if argv is None else argv)
     report.results['g1_sizes'] = g1_sizes()

@@ -322,10 +322,12 @@ def _history_table(key, rows):
 
 
 class Report:
-    """Results so far; written to <out>.json and <out>.md every time a section finishes."""
+    """Results so far; written to <out>.json and <out>.md every time a section finishes.
+    render_md(results) -> markdown: this module's tables unless another suite gives its own."""
 
-    def __init__(self, out, env, config):
+    def __init__(self, out, env, config, render_md=render):
         self.out = out
+        self.render_md = render_md
         self.results = {'environment': env, 'config': config, 'sections': {}, 'checks': []}
         self.t0 = time.perf_counter()
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -339,7 +341,7 @@ class Report:
         tmp = self.out.with_suffix('.json.tmp')
         tmp.write_text(json.dumps(self.results, indent=1, default=str) + '\n')
         os.replace(tmp, self.out.with_suffix('.json'))
-        self.out.with_suffix('.md').write_text(render(self.results))
+        self.out.with_suffix('.md').write_text(self.render_md(self.results))
 
 
 def main(argv=None):
