@@ -15,7 +15,7 @@ from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescr
 
 from flashrt_ros.runtime.config import check_fields, param
 from flashrt_ros.runtime.errors import InvalidConfig
-from flashrt_ros.runtime.observation import TERM_TYPES
+from flashrt_ros.runtime.observation import NUMERICS, TERM_TYPES
 from flashrt_ros.runtime.policies import KINDS
 
 
@@ -45,7 +45,14 @@ class NodeConfig:
                                      'these names (empty: Float32MultiArray)')
     observation_terms: list = param([], 'terms: ordered term names; each term is set under '
                                     'observation.<name>.{type,scale,offset,clip,joints,'
-                                    f'period,dt,size}}; types {TERM_TYPES}')
+                                    f'period,dt,decimation,size,history_length}}; types '
+                                    f'{TERM_TYPES}')
+    observation_numerics: str = param(
+        'float64', 'terms: whose arithmetic the observation and joint targets follow, bit for '
+        "bit: float64 (this package's: float64, clip after scale), unitree_rl_gym "
+        '(deploy_mujoco.py: float32 list parameters, numpy promotion, float32 targets), '
+        'isaaclab (Isaac Lab / unitree_rl_lab: float32, clip before scale, float32 targets); '
+        'see docs/runtime.md', choices=NUMERICS)
     default_angles: list = param([], 'terms: default joint angles (rad), one per joint')
     action_scale: list = param([], 'terms: joint target = default_angles + action_scale * '
                                'action (one value or one per joint)')
@@ -200,14 +207,22 @@ def read(node, changes=()):
 
 
 TERM_SETTINGS = {'type': '', 'scale': [1.0], 'offset': [0.0], 'clip': [0.0], 'joints': [''],
-                 'period': 0.0, 'dt': 0.0, 'size': 0}
+                 'period': 0.0, 'dt': 0.0, 'decimation': 1, 'size': 0, 'history_length': 1}
 _TERM_HELP = {'type': f'term type (default: the term name): one of {TERM_TYPES}',
-              'scale': 'multiplies (x - offset): one value or one per element',
+              'scale': 'multiplies (x - offset): one value or one per element (unitree_rl_gym '
+                       'numerics: one value is a Python float, a list float32, as there)',
               'offset': 'subtracted before scaling (joint_pos: the default angles if unset)',
-              'clip': '[limit] or [low, high] after scaling; [0.0] = no clip',
+              'clip': '[limit] or [low, high] after scaling (before it with isaaclab '
+                      'numerics); [0.0] = no clip',
               'joints': "joint_pos/joint_vel: joints in order; [''] = joint_names",
-              'period': 'phase: gait period (s)', 'dt': 'phase: seconds per policy step',
-              'size': 'raw: number of values'}
+              'period': 'phase: gait period (s)',
+              'dt': 'phase: seconds per counter tick (per policy step when decimation is 1)',
+              'decimation': 'phase: counter ticks per policy step (the deploy loop counts '
+                            'simulation steps: t = ((step + 1) * decimation) * dt)',
+              'size': 'raw: number of values',
+              'history_length': "the term's last N readings in the policy input, oldest "
+                                'first, filled with the first reading after a reset (Isaac '
+                                'Lab); 1 = none'}
 
 
 def term_specs(node, names):

@@ -5,7 +5,6 @@ Also on the G1: the episode runner's what-if branches from a world + policy snap
 and the node killed with SIGKILL mid-walk, restarted with restore_on_start: latest.
 """
 from functools import partial
-import math
 import os
 import pathlib
 import signal
@@ -35,7 +34,9 @@ G1_YAML = ROOT / 'config' / 'g1.yaml'
 pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
                                 reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
                                 'absent in a fresh clone)')
-DEFAULT = np.array([-0.1, 0.0, 0.0, 0.3, -0.2, 0.0, -0.1, 0.0, 0.0, 0.3, -0.2, 0.0])
+# deploy_mujoco.py: default_angles = np.array(config['default_angles'], dtype=np.float32)
+DEFAULT = np.array([-0.1, 0.0, 0.0, 0.3, -0.2, 0.0, -0.1, 0.0, 0.0, 0.3, -0.2, 0.0],
+                   dtype=np.float32)
 STEPS_20S = 1000        # policy steps in 20 s at 50 Hz
 FIRST_STAMP = 20_000_000    # ns: the world's first readings, after one period at the defaults
 
@@ -69,19 +70,22 @@ def _wait(condition, seconds, procs, what):
 
 
 def reference_observation(k, joint_state, imu, last_action):
-    """The G1 policy's observation, written out from unitree_rl_gym's deploy loop."""
+    """The G1 policy's observation, written out from unitree_rl_gym's deploy loop with its
+    dtypes (float32 default angles, command and cmd_scale) and its phase (counter of 0.002 s
+    simulation steps, 10 per policy step; np.sin / np.cos)."""
     names, q, dq = joint_state
     (x, y, z, w), omega = imu
     gravity = [2 * (-z * x + w * y), -2 * (z * y + w * x), 1 - 2 * (w * w + z * z)]
-    phase = ((k + 1) * 0.02) % 0.8 / 0.8
+    count = ((k + 1) * 10) * 0.002
+    phase = count % 0.8 / 0.8
     obs = np.zeros(47, dtype=np.float32)
     obs[0:3] = np.asarray(omega) * 0.25
     obs[3:6] = gravity
-    obs[6:9] = np.array([0.5, 0.0, 0.0]) * np.array([2.0, 2.0, 0.25])
+    obs[6:9] = np.array([0.5, 0.0, 0.0], np.float32) * np.array([2.0, 2.0, 0.25], np.float32)
     obs[9:21] = (np.asarray(q) - DEFAULT) * 1.0
     obs[21:33] = np.asarray(dq) * 0.05
     obs[33:45] = last_action
-    obs[45:47] = [math.sin(2 * math.pi * phase), math.cos(2 * math.pi * phase)]
+    obs[45:47] = [np.sin(2 * np.pi * phase), np.cos(2 * np.pi * phase)]
     return obs
 
 
@@ -375,12 +379,13 @@ def _resumed_at(log):
 
 def _first_wrong(hub, world_got):
     """The first command the world received that differs from the uninterrupted policy's
-    (joint targets = default + 0.25 x action, as the node computes them), or None."""
+    (joint targets = action x 0.25 + default in float32, as the vendor loop and the node
+    compute them), or None."""
     expected = reference_actions(hub.readings(len(world_got)))
     if len(expected) != len(world_got):
         raise RuntimeError(f'{len(world_got)} commands but {len(expected)} world readings')
     for j, (got, action) in enumerate(zip(world_got, expected)):
-        if not np.array_equal(got, DEFAULT + 0.25 * action.astype(np.float64)):
+        if not np.array_equal(got, (action * np.float32(0.25) + DEFAULT).astype(np.float64)):
             return j
     return None
 

@@ -111,3 +111,53 @@ def test_joint_targets_scale_offset_and_clip():
     assert np.allclose(out, [0.35, -1.0, 0.35]) and out.dtype == np.float64
     with pytest.raises(InvalidConfig, match='act_dim'):
         targets(np.zeros(2))
+
+
+@pytest.mark.parametrize('bad', [math.inf, -math.inf, math.nan])
+def test_nonfinite_readings_are_refused_even_where_a_clip_would_hide_them(bad):
+    # before the check ran ahead of the clip, inf was clipped to 1.0 and stepped
+    lay = layout([{'name': 'base_ang_vel', 'clip': [1.0]}, {'name': 'joint_pos', 'clip': [5]}])
+    with pytest.raises(InvalidObservation, match=r"'base_ang_vel'.*NaN/Inf at elements \[1\]"):
+        lay.assemble(0, state(), ((0.0, 0.0, 0.0, 1.0), (0.1, bad, 0.3)))
+    with pytest.raises(InvalidObservation, match="'joint_pos'.*NaN/Inf"):
+        lay.assemble(0, state(q=(1.0, bad, 3.0)), IMU)
+
+
+def test_isaaclab_numerics_clip_before_scale_in_float32():
+    terms = [{'name': 'joint_vel', 'scale': [0.05], 'clip': [10.0]}]
+    reading = state(dq=(30.0, -0.3, 7.7))
+    got = ObservationLayout(terms, JOINTS, DEFAULT, 3, 'isaaclab').assemble(0, reading)
+    dq = np.array([30.0, -0.3, 7.7], dtype=np.float32)
+    want = np.clip(dq, np.float32(-10), np.float32(10)) * np.float32(0.05)
+    assert np.array_equal(got, want) and got[0] == np.float32(0.5)
+    # this package's own arithmetic scales first: 30 * 0.05 = 1.5 stays unclipped
+    assert layout(terms).assemble(0, reading)[0] == np.float32(1.5)
+
+
+def test_unitree_rl_gym_numerics_follow_its_dtypes():
+    terms = [{'name': 'joint_pos'}, {'name': 'command', 'scale': [2.0, 2.0, 0.25]},
+             {'name': 'joint_vel', 'scale': [0.05]}]
+    q, dq, cmd = (0.7, -0.35, 1.1), (0.3, -1.7, 2.9), (0.3, 0.1, 0.7)
+    got = ObservationLayout(terms, JOINTS, DEFAULT, 3, 'unitree_rl_gym').assemble(
+        0, state(q=q, dq=dq), command=cmd)
+    default32 = np.array(DEFAULT, dtype=np.float32)
+    want = np.concatenate([(np.array(q) - default32) * 1.0,
+                           np.array(cmd, np.float32) * np.array([2, 2, 0.25], np.float32),
+                           np.array(dq) * 0.05]).astype(np.float32)
+    assert np.array_equal(got, want)
+    targets = JointTargets(JOINTS, DEFAULT, [0.25], numerics='unitree_rl_gym')
+    a = np.array([0.3, -1.1, 0.7], dtype=np.float32)
+    assert np.array_equal(targets(a), (a * 0.25 + default32).astype(np.float64))
+    with pytest.raises(InvalidConfig, match='observation_numerics'):
+        ObservationLayout(terms, JOINTS, DEFAULT, 3, 'float16')
+
+
+def test_phase_counts_simulation_steps_with_decimation():
+    lay = layout([{'name': 'phase', 'period': 0.8, 'dt': 0.002, 'decimation': 10}])
+    for k in (0, 7, 39, 1000):
+        phase = ((k + 1) * 10 * 0.002) % 0.8 / 0.8
+        want = np.array([math.sin(2 * math.pi * phase), math.cos(2 * math.pi * phase)],
+                        dtype=np.float32)
+        assert np.array_equal(lay.assemble(k), want)
+    with pytest.raises(InvalidConfig, match='decimation'):
+        layout([{'name': 'phase', 'period': 0.8, 'dt': 0.002, 'decimation': 0}])

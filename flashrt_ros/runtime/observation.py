@@ -1,8 +1,10 @@
 '''Observation assembly from robot readings, and joint targets from actions (no ROS here).
 
 An observation is an ordered list of terms (as in Isaac Lab's observation groups, Unitree's
-deploy scripts, rl_sar), each `clip((x - offset) * scale)` over plain arrays, computed in
-float64 and stored as float32, as those deploy loops do. Term types:
+deploy scripts, rl_sar), each `(x - offset) * scale` clipped, over plain arrays, stored as
+float32. `numerics` names the deploy loop whose dtypes and order of operations the arithmetic
+follows, so the same readings give that loop's observation bit for bit (NUMERICS below; the
+table is in docs/runtime.md). Term types:
 
   joint_pos          joint positions by name, offset defaults to the default angles
   joint_vel          joint velocities by name
@@ -10,8 +12,14 @@ float64 and stored as float32, as those deploy loops do. Term types:
   projected_gravity  gravity in the base frame from the IMU orientation     [3]
   command            velocity command (vx, vy, yaw rate) from a Twist       [3]
   last_action        the previous raw action: filled on the device from the arena
-  phase              sin, cos of 2 pi frac(t / period), t = (step + 1) * dt [2]
+  phase              sin, cos of 2 pi frac(t / period), t = ((step + 1) * decimation) * dt:
+                     the deploy loop's counter of simulation steps times their dt       [2]
   raw                any vector, given by the caller under the term's name
+
+Per-term history (Isaac Lab's `history_length`): a term with history_length N > 1 enters the
+policy input as its last N readings, oldest first, filled with the first reading after a
+reset; the policy wrapper (policies.TermHistory) keeps them in the arena. A reading holding
+NaN/Inf is refused before any clip can hide it.
 
 State: the last action lives in the arena ('last_action', written inside the step) and the
 phase is a function of the engine's step counter (meta, in the arena). A restore or an episode
@@ -24,6 +32,17 @@ import math
 import numpy as np
 
 from .errors import InvalidConfig, InvalidObservation
+
+# How the origin's deploy loop computes each term (docs/runtime.md, 'Observation numerics'):
+#   float64         parameters and arithmetic float64, clip after scale, one rounding to
+#                   float32 at the end (this package's own choice, the default)
+#   unitree_rl_gym  deploy_mujoco.py: list parameters (default angles, cmd_scale, the command)
+#                   are float32 arrays, single scales Python floats; readings float64; numpy
+#                   promotion decides each operation's dtype; clip after scale; phase from
+#                   the simulation-step counter with np.sin / np.cos; targets in float32
+#   isaaclab        ObservationManager / unitree_rl_lab's C++ deploy: readings, parameters and
+#                   arithmetic float32, clip before scale; targets in float32
+NUMERICS = ('float64', 'unitree_rl_gym', 'isaaclab')
 
 TERM_TYPES = ('joint_pos', 'joint_vel', 'base_ang_vel', 'projected_gravity', 'command',
               'last_action', 'phase', 'raw')
@@ -42,7 +61,9 @@ class Term:
     offset: np.ndarray      # float64 [size]
     clip: tuple             # (low, high) or None
     period: float = 0.0     # phase
-    dt: float = 0.0         # phase: seconds per policy step
+    dt: float = 0.0         # phase: seconds per counter tick
+    decimation: int = 1     # phase: counter ticks per policy step
+    history: int = 1        # frames of this term in the policy input (1: no history)
     start: int = 0          # slice of the observation vector
     joints: list = None     # joint_pos / joint_vel: joint names in term order
 
@@ -65,18 +86,37 @@ def _vector(value, size, what, default):
     return a
 
 
+def _numerics(numerics):
+    if numerics not in NUMERICS:
+        raise InvalidConfig(f'observation_numerics {numerics!r}: one of {NUMERICS}')
+    return numerics
+
+
+def _as_origin(value, vector, numerics):
+    '''A float64 parameter vector in the origin's dtype. unitree_rl_gym reads a YAML list
+    with np.array(..., dtype=np.float32) and leaves a single value a Python float (numpy then
+    computes in the other operand's dtype); Isaac Lab holds every parameter as float32.'''
+    if numerics == 'isaaclab' or (numerics == 'unitree_rl_gym' and len(value or ()) > 1):
+        return vector.astype(np.float32)
+    if numerics == 'unitree_rl_gym':
+        return float(vector[0])
+    return vector
+
+
 class ObservationLayout:
     '''Terms in order -> one float32 observation vector.
 
     joint_names: the robot's joints in action order (also the joint_pos/joint_vel default
     order); default_angles: one per joint; act_dim: the last_action term's size.
     term dicts: {'name', 'type' (default: name), 'scale', 'offset', 'clip', 'joints',
-    'period', 'dt', 'size' (raw only)}.
+    'period', 'dt', 'decimation', 'size' (raw only), 'history_length'}. numerics: one of
+    NUMERICS (module notes).
     '''
 
-    def __init__(self, terms, joint_names, default_angles, act_dim):
+    def __init__(self, terms, joint_names, default_angles, act_dim, numerics='float64'):
         if len(set(joint_names)) != len(joint_names):
             raise InvalidConfig(f'joint_names holds duplicates: {list(joint_names)}')
+        self.numerics = _numerics(numerics)
         self.joint_names = list(joint_names)
         self.default_angles = _vector(default_angles, len(self.joint_names),
                                       'default_angles', 0.0)
@@ -94,6 +134,13 @@ class ObservationLayout:
         self.obs_dim = start
         self.needs = {NEEDS[t.type] for t in self.terms} - {None}
         self._last_action_term = next((t for t in self.terms if t.type == 'last_action'), None)
+
+    def term_history(self):
+        '''[(size, history_length)] per term in order, or None when no term keeps history:
+        what policies.make_policy(term_history=...) stacks into the policy input.'''
+        if all(t.history == 1 for t in self.terms):
+            return None
+        return [(t.size, t.history) for t in self.terms]
 
     def _term(self, spec, act_dim):
         name = spec.pop('name')
@@ -118,6 +165,7 @@ class ObservationLayout:
         offset = spec.pop('offset', None)
         if kind == 'joint_pos' and (offset is None or len(offset) == 0):
             offset = [self.default_angles[self.joint_names.index(j)] for j in joints]
+        scale = spec.pop('scale', None)
         clip = spec.pop('clip', None)
         if clip is not None and len(clip):
             clip = (-abs(clip[0]), abs(clip[0])) if len(clip) == 1 else tuple(clip)
@@ -126,14 +174,27 @@ class ObservationLayout:
                                     f'[low, high], got {list(clip)}')
         else:
             clip = None
-        term = Term(name, kind, size, _vector(spec.pop('scale', None), size,
-                                              f'term {name!r} scale', 1.0),
+        n = self.numerics
+        term = Term(name, kind, size,
+                    _as_origin(scale, _vector(scale, size, f'term {name!r} scale', 1.0), n),
                     _vector(offset, size, f'term {name!r} offset', 0.0), clip)
+        if n != 'float64':      # the origins hold offsets as float32 arrays (default angles)
+            term.offset = term.offset.astype(np.float32)
+        if n == 'isaaclab' and clip is not None:
+            term.clip = (np.float32(clip[0]), np.float32(clip[1]))
         if kind == 'phase':
             term.period, term.dt = float(spec.pop('period', 0.0)), float(spec.pop('dt', 0.0))
+            term.decimation = spec.pop('decimation', 1)
             if not (term.period > 0 and term.dt > 0):
                 raise InvalidConfig(f'observation term {name!r}: a phase needs period > 0 and '
-                                    'dt > 0 (seconds per policy step)')
+                                    'dt > 0 (seconds per counter tick)')
+            if not isinstance(term.decimation, int) or term.decimation < 1:
+                raise InvalidConfig(f'observation term {name!r}: decimation must be an '
+                                    f'integer >= 1, got {term.decimation!r}')
+        term.history = spec.pop('history_length', 1)
+        if not isinstance(term.history, int) or not 1 <= term.history <= 1024:
+            raise InvalidConfig(f'observation term {name!r}: history_length must be an '
+                                f'integer in [1, 1024], got {term.history!r}')
         term.joints = joints
         if spec:
             raise InvalidConfig(f'observation term {name!r}: unknown settings {sorted(spec)}')
@@ -161,11 +222,24 @@ class ObservationLayout:
             if t.type == 'last_action':
                 continue
             x = self._reading(t, step, joints, joint_state, imu, command, raw)
-            v = (x - t.offset) * t.scale
+            if not np.isfinite(x).all():
+                # before any clip: a clipped Inf would pass as a finite, wrong observation
+                raise InvalidObservation(
+                    f'observation term {t.name!r}: the reading holds NaN/Inf at elements '
+                    f'{np.flatnonzero(~np.isfinite(x)).tolist()}; refused')
+            out[t.start:t.start + t.size] = self._arithmetic(t, x)
+        return out
+
+    def _arithmetic(self, t, x):
+        if self.numerics == 'isaaclab':     # float32 throughout, clip before scale
+            v = x.astype(np.float32) - t.offset
             if t.clip is not None:
                 v = np.clip(v, t.clip[0], t.clip[1])
-            out[t.start:t.start + t.size] = v
-        return out
+            return v * t.scale
+        if self.numerics == 'unitree_rl_gym' and t.type == 'command':
+            x = x.astype(np.float32)        # cmd = np.array(cmd_init, dtype=np.float32)
+        v = (x - t.offset) * t.scale
+        return v if t.clip is None else np.clip(v, t.clip[0], t.clip[1])
 
     def _joint_index(self, joint_state):
         if joint_state is None:
@@ -207,7 +281,10 @@ class ObservationLayout:
                                          'command configured)')
             return np.asarray(command, dtype=np.float64)
         if t.type == 'phase':
-            phase = ((step + 1) * t.dt) % t.period / t.period
+            # the origin's counter counts simulation steps: count = counter * simulation_dt
+            phase = ((step + 1) * t.decimation * t.dt) % t.period / t.period
+            if self.numerics == 'unitree_rl_gym':
+                return np.array([np.sin(2 * np.pi * phase), np.cos(2 * np.pi * phase)])
             return np.array([math.sin(2 * math.pi * phase), math.cos(2 * math.pi * phase)])
         value = (raw or {}).get(t.name)
         if value is None:
@@ -221,21 +298,32 @@ class ObservationLayout:
 
 class JointTargets:
     '''Actions -> joint position targets: default + action_scale * action, clipped to limits
-    (where given), in joint_names order, float64 for ros2_control's position controllers.'''
+    (where given), in joint_names order, float64 for ros2_control's position controllers.
 
-    def __init__(self, joint_names, default_angles, action_scale, lower=(), upper=()):
+    numerics 'float64' computes in float64; 'unitree_rl_gym' and 'isaaclab' as their deploy
+    loops do, in float32 (action * float32 scale + float32 default), then widen exactly.'''
+
+    def __init__(self, joint_names, default_angles, action_scale, lower=(), upper=(),
+                 numerics='float64'):
         n = len(joint_names)
         self.joint_names = list(joint_names)
+        self.numerics = _numerics(numerics)
         self.default = _vector(default_angles, n, 'default_angles', 0.0)
         self.scale = _vector(action_scale, n, 'action_scale', 1.0)
+        if self.numerics != 'float64':
+            self.default = self.default.astype(np.float32)
+            self.scale = self.scale.astype(np.float32)
         self.lower = _vector(lower, n, 'joint_lower_limits', -np.inf)
         self.upper = _vector(upper, n, 'joint_upper_limits', np.inf)
         if np.any(self.lower > self.upper):
             raise InvalidConfig('joint_lower_limits exceed joint_upper_limits')
 
     def __call__(self, action):
-        a = np.asarray(action, dtype=np.float64)
+        a = np.asarray(action, dtype=self.default.dtype)
         if a.shape != self.default.shape:
             raise InvalidConfig(f'{a.size} actions for {self.default.size} joints: act_dim '
                                 'must equal len(joint_names)')
+        if self.numerics != 'float64':      # target_dof_pos = action * scale + default
+            return np.clip((a * self.scale + self.default).astype(np.float64), self.lower,
+                           self.upper)
         return np.clip(self.default + self.scale * a, self.lower, self.upper)

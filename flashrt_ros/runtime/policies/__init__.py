@@ -8,7 +8,7 @@ import torch
 
 from ..config import HistoryConfig, MLPConfig, RecurrentConfig
 from ..errors import InvalidConfig
-from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy
+from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
 from .loaders import from_file, weights
@@ -24,18 +24,29 @@ KINDS = {
 
 __all__ = ['ACTIVATIONS', 'build_policy', 'FeedForwardPolicy', 'gaussian_noise',
            'HistoryPolicy', 'KINDS', 'linear_scan', 'make_policy', 'ObservationHistory',
-           'Policy', 'RecurrentPolicy', 'ScriptedPolicy']
+           'Policy', 'RecurrentPolicy', 'ScriptedPolicy', 'TermHistory']
 
 
 def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activation='',
-                obs_history=1, history_order='oldest_first', **sizes):
+                obs_history=1, history_order='oldest_first', term_history=None, **sizes):
     '''Build a policy of `kind`: from `file` when given, else a seeded random initialisation
     (the global torch RNG is left untouched). With obs_history N > 1 the policy takes N
-    stacked observations of obs_dim each (ObservationHistory). Raises InvalidConfig.'''
+    stacked observations of obs_dim each (ObservationHistory). term_history: [(size,
+    history_length)] per observation term (ObservationLayout.term_history()), or None: the
+    policy takes each term's own window (TermHistory). Raises InvalidConfig.'''
     if kind not in KINDS:
         raise InvalidConfig(f'unknown policy kind {kind!r}; one of {sorted(KINDS)}')
     cls = KINDS[kind][0]
     in_dim = obs_dim * obs_history
+    if term_history:
+        frame = sum(size for size, _ in term_history)
+        if obs_history > 1:
+            raise InvalidConfig('obs_history stacks whole observations; the observation '
+                                'terms set their own history_length: use one or the other')
+        if frame != obs_dim:
+            raise InvalidConfig(f'the observation terms add up to {frame} values, obs_dim '
+                                f'is {obs_dim}')
+        in_dim = sum(size * frames for size, frames in term_history)
     try:
         if file and kind != 'history':
             policy = from_file(kind, file, in_dim, act_dim, activation=activation, seed=seed,
@@ -52,11 +63,14 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
         raise InvalidConfig(f'{kind} policy: {exc}') from exc
     if obs_history > 1:
         policy = ObservationHistory(policy, obs_history, history_order)
+    elif term_history:
+        policy = TermHistory(policy, term_history)
     return policy.to(device)
 
 
-def build_policy(config, device='cpu'):
-    '''make_policy from a typed config (MLPConfig, RecurrentConfig, HistoryConfig).'''
+def build_policy(config, device='cpu', term_history=None):
+    '''make_policy from a typed config (MLPConfig, RecurrentConfig, HistoryConfig);
+    term_history: the observation terms' windows (make_policy).'''
     kind = next(k for k, (_, c) in KINDS.items() if type(config) is c)
     options = config.options()
     if config.noise_std > 0:
@@ -66,4 +80,4 @@ def build_policy(config, device='cpu'):
     return make_policy(kind, config.obs_dim, config.act_dim, file=config.policy_file,
                        seed=config.seed, device=device, activation=config.activation,
                        obs_history=config.obs_history, history_order=config.history_order,
-                       **options)
+                       term_history=term_history, **options)

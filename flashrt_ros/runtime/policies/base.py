@@ -6,8 +6,8 @@ bind(). step() reads and writes only those views (copy_ / index_copy_), so a cap
 arena is the policy's complete state, and a captured CUDA graph stays valid across restores.
 
 Also here: the counter-based sampler, the activation table and MLP builder shared by the
-feed-forward and recurrent actors, and ObservationHistory (the
-last N observations stacked, kept in the arena).
+feed-forward and recurrent actors, ObservationHistory (the last N observations stacked, kept
+in the arena) and TermHistory (Isaac Lab's per-term history, kept in the arena).
 '''
 
 import hashlib
@@ -246,6 +246,86 @@ class ObservationHistory(Policy):
 
     def model_digest(self):
         return self.inner.model_digest() + f'+history{self.frames}{self.order}'
+
+    @property
+    def device(self):
+        return self.inner.device
+
+
+class TermHistory(Policy):
+    '''Per-term history, as Isaac Lab's ObservationManager keeps it: each term of the
+    observation frame has its own window of `history_length` readings; the input of `inner`
+    is, term after term, that term's window oldest first, flattened.
+
+    terms: [(size, history_length)] in frame order (ObservationLayout.term_history()); a
+    term of history 1 passes through. The windows are state ('term_history', laid out as the
+    inner input itself, kind history), and so is 'term_history_primed' (0 until the first
+    step of an episode): that first step fills every slot of each window with its reading,
+    as a CircularBuffer does after a reset. Both are chosen on the device (torch.where), so
+    the step stays graph-capturable and a capsule restores the windows exactly.
+    '''
+
+    def __init__(self, inner, terms):
+        terms = [(int(size), int(frames)) for size, frames in terms]
+        if not terms or any(size < 1 or frames < 1 for size, frames in terms):
+            raise InvalidConfig(f'term history {terms}: sizes and history lengths must be >= 1')
+        width = sum(size * frames for size, frames in terms)
+        if inner.obs_dim != width:
+            raise InvalidConfig(
+                f'per-term history: the terms stack to {width} policy inputs '
+                f'({" + ".join(f"{f} x {s}" for s, f in terms)}), the policy takes '
+                f'{inner.obs_dim}')
+        super().__init__(sum(size for size, _ in terms), inner.act_dim, inner.capacity,
+                         inner.noise_std, inner.seed)
+        self.inner, self.terms = inner, terms
+        self.kind, self.batched = inner.kind, inner.batched
+        # (start in the frame, size, frames, start in the window buffer) per term
+        self.segments, start, offset = [], 0, 0
+        for size, frames in terms:
+            self.segments.append((start, size, frames, offset))
+            start, offset = start + size, offset + size * frames
+
+    def config(self):
+        return {**self.inner.config(), 'term_history': [list(t) for t in self.terms]}
+
+    def state_specs(self):
+        return list(self.inner.state_specs()) + [
+            BufferSpec('term_history', (self.inner.obs_dim,), torch.float32, 'history'),
+            BufferSpec('term_history_primed', (1,), torch.float32, 'history')]
+
+    def bind(self, views, sessions=None):
+        self.inner.bind(views, sessions)
+        self.views = {**self.inner.views, 'term_history': views['term_history'],
+                      'term_history_primed': views['term_history_primed']}
+        self.meta = self.inner.meta
+
+    @torch.no_grad()
+    def reset_state(self):
+        self.inner.reset_state()
+        self.views['term_history'].zero_()
+        self.views['term_history_primed'].zero_()
+
+    @torch.no_grad()
+    def step(self, obs, action):
+        stacked = self.views['term_history']            # [(sessions,) inner obs_dim]
+        primed = self.views['term_history_primed']      # [(sessions,) 1]
+        obs = obs.view(stacked.shape[:-1] + (self.obs_dim,))
+        shifted, filled = [], []
+        for start, size, frames, offset in self.segments:
+            window = stacked[..., offset:offset + size * frames].unflatten(-1, (frames, size))
+            new = obs[..., start:start + size].unsqueeze(-2)            # [(sessions,) 1, size]
+            shifted.append(torch.cat([window[..., 1:, :], new], -2).flatten(-2))
+            filled.append(new.expand(window.shape).flatten(-2))
+        # copies only: the policy input holds the readings bit for bit
+        stacked.copy_(torch.where(primed > 0, torch.cat(shifted, -1), torch.cat(filled, -1)))
+        primed.fill_(1.0)
+        self.inner.step(stacked, action)
+
+    def prefill(self, observations):
+        raise InvalidConfig('prefill with per-term history is not supported; step() instead')
+
+    def model_digest(self):
+        return self.inner.model_digest() + f'+terms{self.terms}'
 
     @property
     def device(self):
