@@ -13,6 +13,7 @@ in torch; a capsule taken at step 100 replays steps 100-149 bit for bit.
 
 import copy
 import importlib.util
+import pathlib
 import time
 import warnings
 
@@ -26,7 +27,6 @@ from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.policies import make_policy
 
 OBS, ACT, STEPS, SNAP, REPLAY = 48, 12, 200, 100, 50
-ORT_TOL = 1e-5      # onnxruntime's kernels round differently; a wrong conversion is ~1e-1 off
 EXPORTERS = {'dynamo18': (True, 18), 'legacy11': (False, 11)}
 # name -> (rnn type, rnn layers, actor activation, normalizer)
 CASES = {
@@ -186,6 +186,13 @@ def _run_onnxruntime(path, observations):
     return np.stack(actions)
 
 
+def _bound(reference):
+    '''The largest per-step difference from `reference` [T, act] that onnx.py allows a
+    correct conversion: CONVERSION_TOL * max(1, the step's largest |action|), as [T, 1].'''
+    from flashrt_ros.runtime.policies.onnx import conversion_bound
+    return np.array([[conversion_bound(row)] for row in reference])
+
+
 @torch.no_grad()
 def _run_torch(module, observations):
     state = []
@@ -222,14 +229,17 @@ def test_isaac_lab_onnx_through_the_engine(files, tmp_path, case, exporter):
     step_us = (time.perf_counter() - start) / STEPS * 1e6
     actions = np.stack(actions)
 
-    ort_diff = float(np.abs(actions - _run_onnxruntime(path, observations)).max())
+    ort_actions = _run_onnxruntime(path, observations)
+    ort_diff = float(np.abs(actions - ort_actions).max())
     torch_actions = _run_torch(module, observations)
     torch_diff = float(np.abs(actions - torch_actions).max())
     bitwise = np.array_equal(actions, torch_actions)
     print(f'\n{case} [{exporter}, opset {policy.opset}]: max |engine - onnxruntime| '
           f'{ort_diff:.3g}; vs the exporter module in torch: max {torch_diff:.3g}, '
           f'bit-identical {bitwise}; load {load_s:.2f} s, {step_us:.0f} us/step')
-    assert ort_diff <= ORT_TOL
+    # onnxruntime's kernels round differently: the bound onnx.py states (a wrong conversion
+    # is ~1e-1 off)
+    assert np.all(np.abs(actions - ort_actions) <= _bound(ort_actions))
     # the conversion runs the same torch kernels as the module that was exported
     assert bitwise, f'engine vs torch module: max abs diff {torch_diff}'
 
@@ -272,6 +282,62 @@ def test_digest_covers_the_graph(files, tmp_path):
     changed = tmp_path / 'changed.onnx'
     onnx.save(model, str(changed))
     assert make_policy('mlp', OBS, ACT, file=str(changed)).model_digest() != first
+
+
+# ---------------------------------------------------------------- the stated bound
+
+G1_VELOCITY = (pathlib.Path(__file__).resolve().parents[2] / 'shared' / 'robots' /
+               'unitree_rl_lab_g1_velocity' / 'exported' / 'policy.onnx')
+
+
+def _float64_model(model):
+    '''The same graph evaluated in float64 (onnx.reference on float64 weights and inputs).'''
+    import onnx
+    from onnx import numpy_helper
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    for t in wide.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for value in [*wide.graph.input, *wide.graph.output]:
+        value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    return wide
+
+
+def test_real_isaac_lab_export_agrees_with_onnxruntime_within_the_bound(tmp_path):
+    # Isaac Lab's G1 velocity policy as unitree_rl_lab ships it (480 inputs, 512-256-128 ELU,
+    # 29 actions): the engine and onnxruntime differ by float32 rounding, each about as far
+    # from a float64 evaluation of the same graph; the bound onnx.py states holds over
+    # observations of the scale Isaac Lab feeds (scaled terms, O(1)) and beyond
+    if not G1_VELOCITY.is_file():
+        pytest.skip(f'{G1_VELOCITY} is absent (the ../shared folder beside the repository '
+                    'holds the real unitree_rl_lab export)')
+    need('onnx', 'onnx2pytorch', 'onnxruntime')
+    import onnx
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+    from flashrt_ros.runtime.policies.onnx import CONVERSION_TOL
+    engine = PolicyEngine(make_policy('mlp', 480, 29, file=str(G1_VELOCITY)), device='cpu',
+                          capsule_dir=str(tmp_path))
+    session = ort.InferenceSession(str(G1_VELOCITY), providers=['CPUExecutionProvider'])
+    exact = ReferenceEvaluator(_float64_model(onnx.load(str(G1_VELOCITY))))
+    rng = np.random.default_rng(19)
+    worst = {'engine vs onnxruntime': 0.0, 'engine vs float64': 0.0,
+             'onnxruntime vs float64': 0.0}
+    for scale in (0.5, 1.0, 2.0):
+        for obs in (rng.standard_normal((700, 480)) * scale).astype(np.float32):
+            ours = engine.step(obs).numpy().astype(np.float64)
+            theirs = session.run(None, {'obs': obs[None]})[0].reshape(-1).astype(np.float64)
+            truth = exact.run(None, {'obs': obs[None].astype(np.float64)})[0].reshape(-1)
+            scale_of = max(1.0, float(np.abs(truth).max()))
+            for key, (a, b) in {'engine vs onnxruntime': (ours, theirs),
+                                'engine vs float64': (ours, truth),
+                                'onnxruntime vs float64': (theirs, truth)}.items():
+                worst[key] = max(worst[key], float(np.abs(a - b).max()) / scale_of)
+    print('\n' + '; '.join(f'{k}: {v:.3g} of max(1, largest |action|)'
+                           for k, v in worst.items()))
+    assert all(v <= CONVERSION_TOL for v in worst.values()), worst
+    # neither runtime is the exact one: both round about as far from float64
+    assert worst['engine vs float64'] > 0 and worst['onnxruntime vs float64'] > 0
 
 
 # ---------------------------------------------------------------- refusals
@@ -352,6 +418,28 @@ def test_a_conversion_that_computes_something_else_is_refused(files, monkeypatch
     with pytest.raises(InvalidConfig, match=r'disagrees with the ONNX reference '
                                             r'implementation \(output actions, step 0, '
                                             r'max abs diff'):
+        make_policy('mlp', OBS, ACT, file=str(path))
+
+
+def test_a_conversion_off_by_half_precision_weights_is_refused(files, monkeypatch):
+    # subtler than a dropped attribute: weights rounded through float16 move the actions by
+    # ~1e-4, inside the old tolerance (1e-4 + 1e-3 |value|), far outside float32 rounding
+    from flashrt_ros.runtime.policies import onnx as onnx_policy
+    path = files('mlp_elu_norm')[0]
+    onnx_module, convert, operations, real = onnx_policy._converter()
+
+    def rounded(model, **kwargs):
+        module = convert(model, **kwargs)
+        with torch.no_grad():
+            for p in module.parameters():
+                p.copy_(p.half().float())
+        return module
+
+    monkeypatch.setattr(onnx_policy, '_converter',
+                        lambda: (onnx_module, rounded, operations, real))
+    with pytest.raises(InvalidConfig, match=r'disagrees with the ONNX reference '
+                                            r'implementation \(output actions, step 0, '
+                                            r'max abs diff [0-9.e-]+, allowed 1e-05\)'):
         make_policy('mlp', OBS, ACT, file=str(path))
 
 

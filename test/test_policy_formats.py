@@ -193,3 +193,20 @@ def test_fixtures_are_the_pinned_formats(export_for):
             obs = policy_exports.observations(export.obs_dim)
             assert np.array_equal(export.reference(obs).numpy(),
                                   exports[twin].reference(obs).numpy()), name
+
+
+@pytest.mark.parametrize('name,enters', [
+    ('rsl3_jit_lstm_elu_norm', 'the normalizer'),     # Isaac Lab _TorchPolicyExporter
+    ('rsl5_jit_lstm_elu_norm', 'the normalizer'),     # rsl_rl >= 4 export_policy_to_jit
+    ('legged_gym_lstm_elu', 'the rnn'),               # PolicyExporterLSTM, no normalizer
+])
+def test_width_refusal_names_the_width_the_observation_enters(name, enters, export_for):
+    # Isaac Lab registers the actor before the normalizer and the rnn: reading the first
+    # weight named the actor's input (the rnn's hidden size), not what the file takes
+    export = export_for(name)
+    wrong = export.obs_dim + 1
+    with pytest.raises(InvalidConfig) as info:
+        make_policy(export.kind, wrong, export.act_dim, file=export.path, seed=0)
+    message = str(info.value)
+    assert f'the file takes [1, {export.obs_dim}]' in message, f'{enters}: {message}'
+    assert f'[1, {policy_exports.RNN_HIDDEN}]' not in message, message

@@ -44,9 +44,15 @@ _RANDOM = {'RandomNormal', 'RandomNormalLike', 'RandomUniform', 'RandomUniformLi
            'Bernoulli', 'Multinomial'}
 # onnx2pytorch runs these through torchvision, which is not installed (see _converter)
 _TORCHVISION = {'RoiAlign', 'MaxRoiPool', 'NonMaxSuppression', 'DeformConv', 'ImageDecoder'}
-# conversion check against onnx.reference: float32 rounding differs between the two
-# implementations (~1e-7 relative); a wrong conversion is off by orders of magnitude more
-_ATOL, _RTOL, _CHECK_STEPS = 1e-4, 1e-3, 4
+# How far a correct float32 conversion may stray from another float32 implementation, as a
+# fraction of max(1, the output's largest |value|). Rounding error follows the magnitudes
+# inside the graph, not each output element, so an element-wise relative bound would be
+# meaningless near zero. Measured on Isaac Lab's G1 velocity export (480 inputs, 512-256-128
+# ELU) over 20,000 observations: torch vs onnx.reference <= 1.3e-6, torch vs onnxruntime
+# <= 2.8e-6, each <= 2.4e-6 from a float64 evaluation (test_onnx.py re-measures). A wrong
+# conversion (a dropped ELU alpha) is ~1e-1 off.
+CONVERSION_TOL = 1e-5
+_CHECK_STEPS = 4
 
 
 # ---------------------------------------------------------------- the converter
@@ -295,8 +301,8 @@ class OnnxPolicy(Policy):
         out = self.module(obs, *states)
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
-    def bind(self, views):
-        super().bind(views)
+    def bind(self, views, sessions=None):
+        super().bind(views, sessions)       # refuses a fleet: the graph steps one session
         if self._run_device != self.device:
             self._run, self._run_device = self._trace(), self.device
 
@@ -393,11 +399,19 @@ def _check_against_reference(onnx, model, policy, source):
                       RuntimeWarning)
 
 
+def conversion_bound(reference):
+    '''The largest difference a correct float32 conversion shows from `reference` (one
+    output, any float array): CONVERSION_TOL * max(1, max |reference|).'''
+    reference = np.asarray(reference, np.float64)
+    return CONVERSION_TOL * max(1.0, float(np.max(np.abs(reference), initial=0.0)))
+
+
 def _compare(source, name, step, ours, theirs):
     a, b = ours.double().numpy(), np.asarray(theirs, np.float64)
-    if a.shape == b.shape and np.all(np.abs(a - b) <= _ATOL + _RTOL * np.abs(b)):
+    if a.shape == b.shape and np.all(np.abs(a - b) <= conversion_bound(b)):
         return
-    diff = (f'max abs diff {float(np.max(np.abs(a - b))):.3g}' if a.shape == b.shape else
+    diff = (f'max abs diff {float(np.max(np.abs(a - b))):.3g}, allowed '
+            f'{conversion_bound(b):.3g}' if a.shape == b.shape else
             f'shape {list(a.shape)}, the reference gives {list(b.shape)}')
     raise InvalidConfig(f'{source}: the converted graph disagrees with the ONNX reference '
                         f'implementation (output {name}, step {step}, {diff}); refused rather '

@@ -39,12 +39,28 @@ def describe(module):
     return f'submodules [{", ".join(subs)}], buffers [{", ".join(bufs) or "none"}]'
 
 
-def _input_dim_hint(module):
-    # the first weight that takes the observation: Linear [out, in] or RNN weight_ih [g*h, in]
-    for name, p in module.named_parameters():
-        if p.dim() == 2 and (name.endswith('.weight') or 'weight_ih' in name):
-            return int(p.shape[1])
-    return None
+@torch.no_grad()
+def _input_widths(module, dtype):
+    '''The observation widths the module's forward runs on, found by running it: each width
+    of its weights and buffers is tried as [1, width]. Reading a weight would name whichever
+    layer was registered first (an Isaac Lab export registers the actor before the
+    normalizer and the rnn that the observation enters). Buffers are restored after.'''
+    saved = {name: b.detach().clone() for name, b in module.named_buffers()}
+    tensors = [*module.parameters(), *module.buffers()]
+    candidates = sorted({int(t.shape[-1]) for t in tensors if t.dim() >= 1} |
+                        {int(t.shape[1]) for t in tensors if t.dim() == 2})
+    widths = []
+    try:
+        for width in candidates:
+            try:
+                module(torch.zeros(1, width, dtype=dtype))
+                widths.append(width)
+            except Exception:  # noqa: B902 - any failure means "not this width"
+                continue
+    finally:
+        for name, value in saved.items():
+            _get(module, name).copy_(value)
+    return widths
 
 
 def activations_in(module):
@@ -100,12 +116,16 @@ class ScriptedPolicy(Policy):
             for _ in range(2):
                 out = self.module(torch.randn(1, self.obs_dim, generator=gen).to(self._dtype))
         except Exception as exc:  # noqa: B902 - any failure means the layout is not understood
-            hint = _input_dim_hint(self.module)
+            widths = _input_widths(self.module, self._dtype)
+            takes = (f'the file takes [1, {widths[0]}] (obs_dim x obs_history must be '
+                     f'{widths[0]})' if len(widths) == 1 else
+                     f'the file runs on observations of widths {widths}' if widths else
+                     'the file runs on none of the widths its weights suggest')
             raise InvalidConfig(
                 f'{source}: forward on one observation [1, {self.obs_dim}] failed '
-                f'({str(exc).strip().splitlines()[-1][:200]}); the first weight takes {hint} '
-                f'inputs. Expected a module whose forward maps [1, obs_dim] to [1, act_dim]; '
-                f'found {describe(self.module)}') from exc
+                f'({str(exc).strip().splitlines()[-1][:200]}); {takes}. Expected a module '
+                f'whose forward maps [1, obs_dim] to [1, act_dim]; found '
+                f'{describe(self.module)}') from exc
         if not torch.is_tensor(out) or out.numel() != self.act_dim:
             got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
             raise InvalidConfig(f'{source}: forward returns {got}, expected {self.act_dim} '
@@ -130,8 +150,8 @@ class ScriptedPolicy(Policy):
                  for name in self.state_names]
         return specs + [self._rng_spec()]
 
-    def bind(self, views):
-        super().bind(views)
+    def bind(self, views, sessions=None):
+        super().bind(views, sessions)       # refuses a fleet: the file steps one session
         for name in self.state_names:
             _set(self.module, name, self.views[name])     # the file now writes the arena
 
