@@ -6,6 +6,8 @@ lives in tensors the caller owns (the arena views, the obs/action staging buffer
 addresses must never change after capture.
 '''
 
+import time
+
 import torch
 
 
@@ -74,3 +76,43 @@ class StepGraph:
                 raise RuntimeError(
                     f'StepGraph: buffer {name!r} moved from {ptr:#x} to '
                     f'{tensor.data_ptr():#x} after capture; the graph would read stale memory')
+
+
+def probe_determinism(graphs, prepare, state, outputs, replays=3):
+    '''Replay each step in `graphs` `replays` times from one prepared state and compare every
+    replay's outputs and state with the first, bit for bit. It can show that a kernel is not
+    reproducible (an attention or GEMM that splits its reduction run to run), never prove that
+    one is: a user's model (TorchScript, ONNX) may hold any kernel, so the engine asks at
+    configure instead of trusting. prepare(i) sets `state` up for graph i (finite values that
+    exercise the whole step); `state` is put back as it was afterwards.
+
+    Returns a dict: deterministic, replays, graphs, differing (indices of graphs whose replays
+    differed), max_abs_diff (outputs), probe_ms.
+    '''
+    t0 = time.perf_counter()
+    saved = state.clone()
+    differing, worst = [], 0.0
+    try:
+        for i, graph in enumerate(graphs):
+            prepare(i)
+            start = state.clone()
+            first = None
+            for _ in range(max(replays, 0)):
+                state.copy_(start)
+                graph.replay()
+                now = (outputs.clone(), state.clone())
+                if first is None:
+                    first = now
+                    continue
+                if not (torch.equal(now[0], first[0]) and torch.equal(now[1], first[1])):
+                    if i not in differing:
+                        differing.append(i)
+                    diff = (now[0].double() - first[0].double()).abs().max().item()
+                    worst = max(worst, diff)
+    finally:
+        state.copy_(saved)
+        if state.is_cuda:
+            torch.cuda.synchronize(state.device)
+    return {'deterministic': not differing, 'replays': max(replays, 0), 'graphs': len(graphs),
+            'differing': differing, 'max_abs_diff': worst,
+            'probe_ms': (time.perf_counter() - t0) * 1e3}

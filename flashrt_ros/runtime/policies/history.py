@@ -50,6 +50,24 @@ class _Block(nn.Module):
                                  nn.Linear(mlp_ratio * d_model, d_model, bias=False))
 
 
+# The one attention kernel on CUDA: CUTLASS's memory-efficient kernel (xformers), called
+# directly. It is bit-reproducible run to run (one thread block per query tile walks the keys in
+# a fixed order: no split-K, no atomics). F.scaled_dot_product_attention would let the
+# dispatcher choose, and on the H200 (torch 2.11) it chose cuDNN for the step, whose replays
+# from one state differed in the last bits (issue 19); sdpa_kernel() would pin the choice only
+# by flipping process-global flags that the node's other executor threads race on. Layout
+# BMHK ([batch, tokens, heads, head_dim]), which the KV cache already is: no transposes.
+MASK_NONE, MASK_CAUSAL_BOTTOM_RIGHT = 0, 2      # the op's custom_mask_type
+
+
+def efficient_attention(q, k, v, bias=None, mask=MASK_NONE):
+    '''Attention of q [1, T, H, D] over k, v [1, S, H, D] -> [1, T, H, D] by the memory-
+    efficient CUDA kernel. bias: additive [1, H, T, S] (q's dtype; stride 0 over H is fine);
+    mask MASK_CAUSAL_BOTTOM_RIGHT: query t sees keys [0, S - T + t] (a prefill at S - T).'''
+    return torch.ops.aten._efficient_attention_forward(
+        q, k, v, bias, None, None, None, None, 0.0, mask)[0]
+
+
 def linear_scan(a, b, h0):
     '''h_t = a_t * h_{t-1} + b_t over t, for a, b [T, d] and h0 [d]; returns h [T, d].
 
@@ -104,6 +122,11 @@ class HistoryPolicy(Policy):
         self.d_model, self.n_layers, self.heads = d_model, n_layers, heads
         self.chunk, self.mlp_ratio, self.conv_width = chunk, mlp_ratio, conv_width
         self.dtype = dtype
+        # 'efficient' (default): efficient_attention() on CUDA, reproducible; 'dispatcher':
+        # F.scaled_dot_product_attention's own choice (cuDNN on the H200: not reproducible),
+        # kept to measure what the reproducible kernel costs. CPU always uses the dispatcher
+        # (its kernels are reproducible for a fixed thread count: test_determinism.py).
+        self.attention = 'efficient'
         self.n_attn, self.n_rec = (n_layers + 1) // 2, n_layers // 2
         self.embed = nn.Linear(obs_dim, d_model)
         self.blocks = nn.ModuleList(
@@ -197,9 +220,14 @@ class HistoryPolicy(Policy):
         qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
         kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
         k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
+        if self.dtype in (torch.bfloat16, torch.float16) and self._efficient(h):
+            # half precision on CUDA: the fused reproducible kernel over the cache as it lies
+            o = efficient_attention(qkv[0].view(1, 1, m.heads, m.head_dim), kv[None, :, 0],
+                                    kv[None, :, 1], bias.view(1, 1, 1, -1).expand(
+                                        1, m.heads, 1, kv.shape[0]))
+            return self._plus_linear(x, o.view(1, self.d_model), m.wo)
         if self.dtype in (torch.bfloat16, torch.float16):
-            # half precision: the fused SDPA kernel (2 kernels; on the H200 at 16k keys
-            # 22.5 us a layer against 46.6 us for the matmul path below)
+            # the dispatcher's fused kernel (CPU, or attention='dispatcher')
             o = F.scaled_dot_product_attention(
                 qkv[0].view(1, m.heads, 1, m.head_dim), k[None], v[None],
                 attn_mask=bias.view(1, 1, 1, -1))
@@ -213,6 +241,9 @@ class HistoryPolicy(Policy):
         p = torch.softmax(scores.view(m.heads, -1), dim=-1)                  # [H, C]
         o = torch.bmm(p.unsqueeze(1), v)                                     # [H, 1, D]
         return self._plus_linear(x, o.view(1, self.d_model), m.wo)
+
+    def _efficient(self, t):
+        return t.is_cuda and self.attention == 'efficient'
 
     def _recur_one(self, m, h, x, conv, rec):
         # conv [W-1, d] holds the last W-1 conv inputs; rec [d] the recurrence (float32);
@@ -283,6 +314,11 @@ class HistoryPolicy(Policy):
         T = h.shape[0]
         qkv = m.wqkv(h).view(T, 3, m.heads, m.head_dim)                      # [T, 3, H, D]
         kv[pos:pos + T].copy_(qkv[:, 1:])
+        if self._efficient(h):
+            # bottom-right causal: query t (at pos + t) sees keys 0..pos+t, no mask tensor
+            o = efficient_attention(qkv[None, :, 0], kv[None, :pos + T, 0],
+                                    kv[None, :pos + T, 1], mask=MASK_CAUSAL_BOTTOM_RIGHT)
+            return self._plus_linear(x, o.view(T, self.d_model), m.wo)
         q = qkv[:, 0].transpose(0, 1)[None]                                  # [1, H, T, D]
         k = kv[:pos + T, 0].transpose(0, 1)[None]                            # [1, H, S, D]
         v = kv[:pos + T, 1].transpose(0, 1)[None]
