@@ -7,13 +7,15 @@ import array
 import threading
 import time
 
+from lifecycle_msgs.srv import ChangeState
+from rclpy.executors import ExternalShutdownException
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray
 from std_srvs.srv import Trigger
 
 from flashrt_ros import msg as fmsg
 from flashrt_ros import srv as fsrv
-from flashrt_ros.executors import make_executor, publisher_events
+from flashrt_ros.executors import make_executor, publisher_events, wait_set_race
 
 SERVICE_TYPES = {
     'snapshot': fsrv.Snapshot,
@@ -31,25 +33,48 @@ SERVICE_TYPES = {
 
 
 class Spinner:
-    """An executor (executors.make_executor: single-threaded; that module says why) spinning
-    `nodes` in a thread, until shutdown()."""
+    """An executor (executors.make_executor: single-threaded; that module says why, or the
+    one given) spinning `nodes` in a thread, until shutdown(). A callback that raises is
+    logged and kept in `failures`, and spinning goes on: as in executors.run, an exception
+    must not silently end the thread (every later call to the node would time out).
+    rclpy's wait-set race (executors.wait_set_race: no callback involved) is only counted in
+    `wait_set_races`."""
 
-    def __init__(self, *nodes):
-        self.executor = make_executor()
+    def __init__(self, *nodes, executor=None):
+        self.executor = executor or make_executor()
+        self.failures, self.wait_set_races = [], 0
+        self._logger = nodes[0].get_logger() if nodes else None
+        self._stopping = threading.Event()
         for node in nodes:
             self.executor.add_node(node)
-        self.thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
+
+    def _spin(self):
+        while not self._stopping.is_set():
+            try:
+                self.executor.spin()
+                return
+            except ExternalShutdownException:
+                return
+            except Exception as exc:  # noqa: B902 - kept for the caller, spinning goes on
+                if wait_set_race(exc):
+                    self.wait_set_races += 1
+                    continue
+                self.failures.append(exc)
+                if self._logger is not None:
+                    self._logger.error(f'callback failed and was dropped: {exc!r}')
 
     def shutdown(self):
         """Stops spinning and joins the thread (a C++ thread left running aborts at exit)."""
+        self._stopping.set()
         self.executor.shutdown()
         self.thread.join(timeout=5.0)
 
 
-def spin_in_thread(*nodes):
+def spin_in_thread(*nodes, executor=None):
     """Starts a Spinner for `nodes`; call .shutdown() on it when done."""
-    return Spinner(*nodes)
+    return Spinner(*nodes, executor=executor)
 
 
 def wait_matched(publishers, subscriptions, deadline, problem):
@@ -151,6 +176,24 @@ class PolicyClient:
         self.node.destroy_publisher(self._obs_pub)
         for sub in (self._action_sub, self._status_sub):
             self.node.destroy_subscription(sub)
+
+    def change_state(self, transition):
+        """Asks the node for a lifecycle transition ('configure', 'activate', 'deactivate',
+        'cleanup', 'shutdown') through its ~/change_state service, as `ros2 lifecycle set` and
+        nav2's lifecycle manager do: the transition runs on the node's executor. True when it
+        succeeded."""
+        with self._clients_lock:
+            client = self._clients.get('change_state')
+            if client is None:
+                client = self.node.create_client(ChangeState, f'{self.policy}/change_state')
+                if not client.wait_for_service(timeout_sec=self.timeout):
+                    self.node.destroy_client(client)
+                    raise TimeoutError(f'service {self.policy}/change_state did not appear '
+                                       f'within {self.timeout} s')
+                self._clients['change_state'] = client
+        request = ChangeState.Request()
+        request.transition.label = transition
+        return call_service(client, request, self.timeout)[0].success
 
     def call(self, service, **fields):
         """Calls a service with request fields; returns (response, round-trip seconds)."""

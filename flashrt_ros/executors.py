@@ -16,9 +16,11 @@ publisher and subscription by default: two waitables each). On a service round t
 paid on both sides; see `publisher_events`.
 """
 import sys
+import traceback
 
 import rclpy
 from rclpy.event_handler import PublisherEventCallbacks
+from rclpy.exceptions import InvalidHandle
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 
 
@@ -39,6 +41,17 @@ def publisher_events():
     return PublisherEventCallbacks(use_default_callbacks=False)
 
 
+def wait_set_race(exc):
+    """True for rclpy's (7.1, Jazzy) race in building the wait set: an entity destroyed by
+    another thread (a lifecycle transition on a worker of a multi-threaded executor, or a
+    trigger_* call) between the executor's check of a QoS-event waitable and its
+    add_to_wait_set raises InvalidHandle out of spin(). No callback ran and nothing was
+    taken: spinning again rebuilds the wait set without it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return isinstance(exc, InvalidHandle) and bool(frames) and \
+        frames[-1].name == 'add_to_wait_set'
+
+
 def run(node, startup=None):
     """The executables' main loop: spin `node` until shutdown, then exit the process.
 
@@ -56,7 +69,10 @@ def run(node, startup=None):
             except (KeyboardInterrupt, ExternalShutdownException):
                 break
             except Exception as exc:  # noqa: B902 - a callback must never take the robot down
-                node.get_logger().error(f'callback failed and was dropped: {exc!r}')
+                if wait_set_race(exc):
+                    node.get_logger().debug(f'wait set rebuilt after a destroy race: {exc!r}')
+                else:
+                    node.get_logger().error(f'callback failed and was dropped: {exc!r}')
     finally:
         node.destroy_node()
         executor.shutdown()

@@ -49,7 +49,7 @@ class NodeConfig:
                                     f'{TERM_TYPES}')
     observation_numerics: str = param(
         'float64', 'terms: whose arithmetic the observation and joint targets follow, bit for '
-        "bit: float64 (this package's: float64, clip after scale), unitree_rl_gym "
+        'bit: float64 (the package default: float64, clip after scale), unitree_rl_gym '
         '(deploy_mujoco.py: float32 list parameters, numpy promotion, float32 targets), '
         'isaaclab (Isaac Lab / unitree_rl_lab: float32, clip before scale, float32 targets); '
         'see docs/runtime.md', choices=NUMERICS)

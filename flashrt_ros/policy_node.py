@@ -21,6 +21,7 @@ from functools import partial
 import math
 import os
 import re
+import threading
 import time
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
@@ -65,6 +66,11 @@ def _input_tag(stamp):
     return sec * 1_000_000_000 + nanosec + 1
 
 
+def _same_values(a, b):
+    """Two readings' values equal (tuples of names, arrays or numbers)."""
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 class SessionIO:
     """One session's topics and lock-step bookkeeping: a single-session node has one, under
     '~/'; session i of a fleet has its own under '~/<name>/'."""
@@ -77,6 +83,9 @@ class SessionIO:
         # command re-sent instead of a second step: see _sync_lockstep); pending: the tag of
         # complete readings waiting for the fleet's tick (0: none)
         self.stepped_tag, self.resend, self.pending = 0, False, 0
+        # the values of the readings stepped last (key -> value): a reading of that stamp
+        # with other values is a driver's stamping fault, counted, not a re-send
+        self.answered = {}
         self.action_pub, self.command_pubs = None, []
         self.held = False       # fleet: poisoned, its steps refused until restored or reset
         self.seen = False       # fleet lock-step: readings came since activation (a robot
@@ -88,7 +97,8 @@ class SessionIO:
 
 def build_engine(cfg, policy_cfg, layout=None):
     """The PolicyEngine a configure builds (also used by tests for reference runs)."""
-    policy = build_policy(policy_cfg, device='cpu')
+    policy = build_policy(policy_cfg, device='cpu',
+                          term_history=layout.term_history() if layout else None)
     return PolicyEngine(policy, device=cfg['device'], cuda_graph=cfg['cuda_graph'],
                         sessions=cfg.get('sessions', 1),
                         session_names=cfg.get('session_names') or None,
@@ -126,6 +136,14 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._pending_since = None    # fleet lock-step: when the oldest waiting reading came
         self._subs, self._control_timer, self._status_timer = [], None, None
         self._status_pub = self._diag_pub = self._actions_pub = None
+        # Every transition and every callback that reads what a transition builds or clears
+        # (engine, config, topics) runs under this lock, whatever thread calls it (an executor
+        # of several threads, a trigger_* from another thread): a callback never sees half a
+        # configure or a cleared config. Callbacks made for one activation do nothing after it
+        # (_activations). Uncontended on the single-threaded executor main() spins.
+        self._lifecycle_lock = threading.RLock()
+        self._activations = 0
+        self._callback_failures = self._failures_reported = 0
         self._obs_group = MutuallyExclusiveCallbackGroup()
         self._srv_group = ReentrantCallbackGroup()
         # one table for node and client: ~/<name> served by <name>_callback
@@ -155,6 +173,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
     def _on_set_parameters(self, changes):
         """Vets every change against the typed configs before it lands; settings marked live
         apply at once, the others only while unconfigured (they shape what configure builds)."""
+        with self._lifecycle_lock:
+            return self._apply_parameters(changes)
+
+    def _apply_parameters(self, changes):
         names = {f.name for f in params.ALL_FIELDS}
         try:
             params.read(self, changes)
@@ -171,7 +193,8 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                     self.config[p.name] = p.value
                     if p.name == 'status_period' and self._status_timer is not None:
                         self.destroy_timer(self._status_timer)
-                        self._status_timer = self.create_timer(p.value, self.publish_status)
+                        self._status_timer = self.create_timer(
+                            p.value, self._guarded(self.publish_status, 'status'))
         return SetParametersResult(successful=True)
 
     def _read_config(self):
@@ -223,14 +246,16 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             need(len(cfg['observation_terms']) > 0, 'observation_terms',
                  "observation_type 'terms' needs the ordered term names")
             layout = ObservationLayout(params.term_specs(self, cfg['observation_terms']),
-                                       joints, cfg['default_angles'], cfg['act_dim'])
+                                       joints, cfg['default_angles'], cfg['act_dim'],
+                                       cfg['observation_numerics'])
             need(layout.obs_dim == cfg['obs_dim'], 'obs_dim',
                  f'the observation terms add up to {layout.obs_dim} values')
             need(cfg['control_mode'] == 'timer' or 'joint_state' in layout.needs,
                  'control_mode', 'lockstep steps on each new joint state; these terms read '
                  "none: use 'timer'")
             self.targets = JointTargets(joints, cfg['default_angles'], cfg['action_scale'],
-                                        cfg['joint_lower_limits'], cfg['joint_upper_limits'])
+                                        cfg['joint_lower_limits'], cfg['joint_upper_limits'],
+                                        cfg['observation_numerics'])
         sessions = cfg['sessions']
         if sessions > 1:
             # count and distinctness: the engine checks them (build_engine)
@@ -255,10 +280,27 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def on_configure(self, state):
+        with self._lifecycle_lock:
+            return self._configure()
+
+    def _log_determinism(self):
+        # the engine replays its captured step(s) from one state at construction: a kernel
+        # that is not reproducible there would make restores and replays diverge
+        verdict = self.engine.determinism
+        if verdict.get('deterministic') is False:
+            self.get_logger().warning(
+                f'the policy step is NOT reproducible run to run on {self.engine.device}: '
+                f'{verdict}; restored capsules may not replay the original actions bit for bit')
+        elif verdict.get('probed'):
+            self.get_logger().info(f'determinism probe: {verdict["replays"]} replays of '
+                                   f'{verdict["graphs"]} step graph(s) identical')
+
+    def _configure(self):
         try:
             cfg, policy_cfg, layout = self._read_config()
             self.engine = build_engine(cfg, policy_cfg, layout)
             self.config, self.layout = cfg, layout
+            self._log_determinism()
             self._resume(cfg['restore_on_start'])
             self._create_publishers(cfg)
         except Exception as exc:  # noqa: B902 - rclpy would swallow it without a word
@@ -269,6 +311,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._dropped, self._dropped_reported, self._last_seq = {}, 0, {}
         self._refusals, self._last_refusal = {}, ''
         self._holding = self._scrub = False
+        self._callback_failures = self._failures_reported = 0
         e = self.engine
         self.get_logger().info(
             f'configured: {cfg["policy_type"]} policy on {e.device}, cuda graph '
@@ -310,7 +353,12 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._diag_pub = pub(DiagnosticArray, '/diagnostics', 10)
 
     def on_activate(self, state):
+        with self._lifecycle_lock:
+            return self._activate(state)
+
+    def _activate(self, state):
         cfg = self.config
+        self._activations += 1         # callbacks of an earlier activation go quiet
         sub = self._subscribe
         for io in self._io:
             self._subscribe_session(cfg, io)
@@ -320,14 +368,16 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             self._sync_lockstep()
             self._pending_since = None
             if self.fleet and cfg['control_mode'] == 'lockstep':
-                self._control_timer = self.create_timer(cfg['lockstep_wait'] / 4,
-                                                        self._lockstep_deadline,
-                                                        callback_group=self._obs_group)
+                self._control_timer = self.create_timer(
+                    cfg['lockstep_wait'] / 4,
+                    self._guarded(self._lockstep_deadline, 'lock-step deadline'),
+                    callback_group=self._obs_group)
             if cfg['control_mode'] == 'timer':
-                self._control_timer = self.create_timer(1.0 / cfg['control_rate'],
-                                                        self.control_callback,
-                                                        callback_group=self._obs_group)
-        self._status_timer = self.create_timer(cfg['status_period'], self.publish_status)
+                self._control_timer = self.create_timer(
+                    1.0 / cfg['control_rate'], self._guarded(self.control_callback, 'control'),
+                    callback_group=self._obs_group)
+        self._status_timer = self.create_timer(cfg['status_period'],
+                                               self._guarded(self.publish_status, 'status'))
         try:
             # Kept across deactivate/activate; a resumed process keeps the one it loaded.
             if EPISODE_START not in self.engine.store and not self._resumed_from:
@@ -369,8 +419,32 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         def counted(msg, info):
             self._count_lost(topic, info)
             callback(msg)
-        self._subs.append(self.create_subscription(msg_type, topic, counted, self._qos,
+        guarded = self._guarded(counted, topic)
+
+        def take(msg, info):    # two named parameters: rclpy then passes the message info
+            guarded(msg, info)
+        self._subs.append(self.create_subscription(msg_type, topic, take, self._qos,
                                                    callback_group=self._obs_group))
+
+    def _guarded(self, callback, what):
+        """`callback` as the executor runs it: under the lifecycle lock, only while active and
+        only for the activation that made it (a message taken before a cleanup must not step
+        the next configure's engine). An exception is logged and counted (diagnostics), never
+        raised into the executor: that would end its spin thread, and the node with it."""
+        activation = self._activations
+
+        def run(*args):
+            with self._lifecycle_lock:
+                if not self.active or activation != self._activations:
+                    return
+                try:
+                    callback(*args)
+                except Exception as exc:  # noqa: B902 - a callback must never kill the node
+                    self._callback_failures += 1
+                    self.get_logger().error(
+                        f'{what} callback failed and was dropped ({self._callback_failures} '
+                        f'since configure): {exc!r}', throttle_duration_sec=1.0)
+        return run
 
     def _count_lost(self, topic, info):
         """Readings lost before this callback (queue overflow, network): the gap in the
@@ -389,21 +463,24 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                 'the rate', throttle_duration_sec=1.0)
 
     def on_deactivate(self, state):
-        self._state = 'inactive'
-        self._release_active()
-        return super().on_deactivate(state)
+        with self._lifecycle_lock:
+            self._state = 'inactive'
+            self._release_active()
+            return super().on_deactivate(state)
 
     def on_cleanup(self, state):
-        self._release_active()
-        self._release_configured()
-        self._state = 'unconfigured'
-        return TransitionCallbackReturn.SUCCESS
+        with self._lifecycle_lock:
+            self._release_active()
+            self._release_configured()
+            self._state = 'unconfigured'
+            return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state):
-        self._release_active()
-        self._release_configured()
-        self._state = 'finalized'
-        return TransitionCallbackReturn.SUCCESS
+        with self._lifecycle_lock:
+            self._release_active()
+            self._release_configured()
+            self._state = 'finalized'
+            return TransitionCallbackReturn.SUCCESS
 
     def _release_active(self):
         for sub in self._subs:
@@ -495,18 +572,18 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         self._store(io, 'joint_state', (list(msg.name), np.asarray(msg.position),
                                         np.asarray(msg.velocity)), _stamp(msg))
         io.seen = True
-        self._lockstep(io)
+        self._lockstep(io, 'joint_state')
 
     def imu_callback(self, msg, io=None):
         io = io or self._io[0]
         o, w = msg.orientation, msg.angular_velocity
         self._store(io, 'imu', ((o.x, o.y, o.z, o.w), (w.x, w.y, w.z)), _stamp(msg))
-        self._lockstep(io)
+        self._lockstep(io, 'imu')
 
     def command_callback(self, msg, io=None):
         self._store(io or self._io[0], 'command', (msg.linear.x, msg.linear.y, msg.angular.z))
 
-    def _lockstep(self, io):
+    def _lockstep(self, io, key):
         """Simulation: one step per new joint state, once the IMU reading of the same stamp
         (if the terms use one) has arrived too, whichever came second. A fleet steps when
         every session that has had readings (and is not held) has its next ones: one tick
@@ -519,8 +596,20 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
             return
         tag = _input_tag(joint[1])
         if tag == io.stepped_tag:
+            reading = io.inputs[key]
+            if reading[1] != joint[1]:
+                return              # an IMU reading ahead of the joints: wait for them
             if io.resend:
+                io.answered[key] = reading[0]
                 self._resend_commands(io)
+            elif key in io.answered and not _same_values(io.answered[key], reading[0]):
+                # new values under an answered stamp (e.g. a driver that leaves header.stamp
+                # at 0): stepping would break the stamp = state rule, so refuse it, audibly
+                sec, nanosec = joint[1]
+                self._refuse(f'{io.label(self.fleet)}stale stamp: a {key} reading with new '
+                             f'values carries stamp {sec}.{nanosec:09d}, already answered; not '
+                             'stepped (lock-step steps once per stamp: the driver must stamp '
+                             'each reading, header.stamp)')
             return
         if 'imu' in self.layout.needs:
             imu = io.inputs.get('imu')
@@ -542,6 +631,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         tags = {s.index: s.pending for s in ready}
         for s in ready:
             s.stepped_tag, s.resend, s.pending = s.pending, False, 0
+            s.answered = {k: s.inputs[k][0] for k in ('joint_state', 'imu') if k in s.inputs}
         self._step_terms(ready, tags)
 
     def _lockstep_deadline(self):
@@ -566,7 +656,7 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         for io in self._io:
             if session is None or io.index == session:
                 io.stepped_tag = self.engine.input_tag(session=io.index)
-                io.resend, io.pending = True, 0
+                io.resend, io.pending, io.answered = True, 0, {}
 
     def _resend_commands(self, io):
         io.resend = False
@@ -773,6 +863,15 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
                             f'{recovery.last_failure}')
         if status.held_sessions:
             problems.append(f'sessions held after a poisoned step: {list(status.held_sessions)}')
+        failures = self._callback_failures
+        if failures > self._failures_reported:
+            problems.append(f'{failures - self._failures_reported} callbacks failed and were '
+                            'dropped since last report (the error log names them)')
+        self._failures_reported = failures
+        determinism = self.engine.determinism if self.engine is not None else {}
+        if determinism.get('deterministic') is False:
+            problems.append('the policy step is not reproducible run to run (replays '
+                            f'differed by up to {determinism.get("max_abs_diff")})')
         diag = DiagnosticStatus(
             level=DiagnosticStatus.WARN if problems else DiagnosticStatus.OK,
             name=f'flashrt_ros: {self.get_name()}', hardware_id=status.device,
@@ -785,6 +884,9 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         if recovery is not None:
             diag.values.append(KeyValue(key='failed_checkpoints',
                                         value=str(recovery.failed_checkpoints)))
+        diag.values.append(KeyValue(key='callback_failures', value=str(failures)))
+        diag.values.append(KeyValue(key='deterministic',
+                                    value=str(determinism.get('deterministic'))))
         for reason, count in sorted(self._refusals.items()):
             diag.values.append(KeyValue(key=f'refused: {reason}', value=str(count)))
         return diag
@@ -792,7 +894,12 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
     # -- services ------------------------------------------------------------------------------
 
     def _serve(self, response, operation):
-        """Runs a capsule operation; refusals become success=False with the reason."""
+        """Runs a capsule operation; refusals become success=False with the reason. Under the
+        lifecycle lock: a transition never clears the engine under an operation."""
+        with self._lifecycle_lock:
+            return self._serve_locked(response, operation)
+
+    def _serve_locked(self, response, operation):
         if not self.active:
             response.success = False
             response.message = f'node {self.get_name()!r} is {self._state}, not active: ' \
@@ -859,6 +966,10 @@ class PolicyNode(RecoveryMixin, LifecycleNode):
         return self._serve(response, op)
 
     def list_capsules_callback(self, request, response):
+        with self._lifecycle_lock:
+            return self._list_capsules(response)
+
+    def _list_capsules(self, response):
         engine = self.engine
         if engine is None:
             return response       # unconfigured: no store, nothing to list

@@ -5,6 +5,7 @@ Per-session topics (~/<name>/observation -> ~/<name>/action), the batched farm t
 every action compared bit for bit with a single-session engine of the same policy.
 """
 import array
+import itertools
 import os
 import threading
 
@@ -136,6 +137,15 @@ def test_services_address_sessions_and_clone_one_robot_onto_another(fleet):
     assert not refusal.success and 'name one' in refusal.message
     assert not fleet.call('restore', name='x', session='delta').success
     assert fleet.call('snapshot', name='alpha5', session='alpha').success
+    # indices are ASCII digits only: other scripts' digits (Arabic-Indic one, fullwidth one)
+    # and a superscript two are refused by name, on every service with a session field
+    for key in ('\u0661', '\uff11', '\u00b2'):
+        for service, fields in (('restore', dict(name='alpha5')), ('rollback', dict(steps=1)),
+                                ('reset_session', {}), ('snapshot', dict(name='u'))):
+            r = fleet.call(service, session=key, **fields)
+            assert not r.success and 'ASCII digits' in r.message, (service, key, r.message)
+            assert repr(key) in r.message and 'internal error' not in r.message, r.message
+    assert [fleet.node.engine.session(i).step_index for i in range(3)] == [5, 5, 5]
     assert fleet.call('restore', name='alpha5', session='2').success       # by index
     same = [obs(77)] * 3
     tick = fleet.send('*', same)
@@ -171,18 +181,20 @@ TERMS = dict(policy_type='recurrent', obs_dim=2, act_dim=2, rnn_hidden_dim=16,
 
 
 class _Robots:
-    """Joint-state publishers and joint-command subscribers of sessions a and b."""
+    """Joint-state publishers and joint-command subscribers of sessions a and b (or of the
+    one session of a single-session node: sessions=[''])."""
 
-    def __init__(self, fleet_name, client):
+    def __init__(self, fleet_name, client, sessions='ab'):
         from sensor_msgs.msg import JointState
         from std_msgs.msg import Float64MultiArray
         self.JointState = JointState
         qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        self.pubs = {s: client.create_publisher(JointState, f'/{fleet_name}/{s}/joint_states',
-                                                qos) for s in 'ab'}
-        self.commands = {s: [] for s in 'ab'}
-        for s in 'ab':
-            client.create_subscription(Float64MultiArray, f'/{fleet_name}/{s}/joint_commands',
+        base = {s: f'/{fleet_name}/{s}/' if s else f'/{fleet_name}/' for s in sessions}
+        self.pubs = {s: client.create_publisher(JointState, base[s] + 'joint_states', qos)
+                     for s in sessions}
+        self.commands = {s: [] for s in sessions}
+        for s in sessions:
+            client.create_subscription(Float64MultiArray, base[s] + 'joint_commands',
                                        lambda m, s=s: self.commands[s].append(list(m.data)),
                                        qos)
 
@@ -192,13 +204,16 @@ class _Robots:
         self.pubs[session].publish(msg)
 
 
+_terms_nodes = itertools.count()
+
+
 def _terms_fleet(tmp_path, **extra):
-    name = f'flashrt_fleet_terms_{os.getpid()}_{len(extra)}'
+    name = f'flashrt_fleet_terms_{os.getpid()}_{next(_terms_nodes)}'   # never reused
     params = dict(TERMS, device='cpu', capsule_dir=str(tmp_path / 'caps'), **extra)
     node = PolicyNode(name, parameter_overrides=[Parameter(k, value=v)
                                                  for k, v in params.items()])
     client = rclpy.create_node(name + '_client')
-    robots = _Robots(name, client)
+    robots = _Robots(name, client, sessions='ab' if params['sessions'] > 1 else [''])
     spinners = [spin_in_thread(node), spin_in_thread(client)]
     assert node.trigger_configure() == SUCCESS and node.trigger_activate() == SUCCESS
     wait_for(lambda: all(p.get_subscription_count() for p in robots.pubs.values())
@@ -239,6 +254,47 @@ def test_lockstep_fleet_ticks_once_for_all_robots_and_does_not_wait_forever(ros,
         wait_for(lambda: len(robots.commands['b']) == 3 and len(robots.commands['a']) == 4,
                  what='b back')
         assert [engine.session(i).step_index for i in range(2)] == [4, 3]
+    finally:
+        _close(node, client, spinners)
+
+
+@pytest.mark.parametrize('sessions', [1, 2], ids=['single', 'fleet'])
+def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, sessions):  # noqa: F811,E501
+    # a driver that leaves header.stamp at 0: its first reading steps; later ones with new
+    # values cannot (one step per stamp) and must be counted and reported, not lost in silence
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rcl_interfaces.msg import Log
+    extra = {} if sessions > 1 else dict(sessions=1, session_names=[])
+    node, client, robots, spinners = _terms_fleet(tmp_path, lockstep_wait=0.2, **extra)
+    s = 'a' if sessions > 1 else ''
+    logs, diagnostics, status = [], [], []
+    client.create_subscription(Log, '/rosout', logs.append, 100)
+    client.create_subscription(DiagnosticArray, '/diagnostics',
+                               lambda m: diagnostics.extend(m.status), 10)
+    client.create_subscription(fmsg.PolicyStatus, f'/{node.get_name()}/status',
+                               status.append, 10)
+    try:
+        wait_for(lambda: node._diag_pub.get_subscription_count() > 0
+                 and node._status_pub.get_subscription_count() > 0, what='status match')
+        robots.publish(s, 0, [0.1, 0.2])
+        wait_for(lambda: len(robots.commands[s]) == 1, what='the first command')
+        robots.publish(s, 0, [0.1, 0.2])            # the same reading again: nothing to count
+        for q in ([0.3, 0.4], [0.5, 0.6], [0.7, 0.8]):
+            robots.publish(s, 0, q)                  # new values, answered stamp: 3 dropped
+        robots.publish(s, 1, [0.9, 1.0])            # a new stamp steps (after those, in order)
+        wait_for(lambda: len(robots.commands[s]) == 2, what='the second command')
+        assert node.engine.step_index == 2
+        key = 'session a: stale stamp' if sessions > 1 else 'stale stamp'
+        assert node._refusals == {key: 3}
+        wait_for(lambda: status and status[-1].rejected_observations == 3,
+                 what='3 refused readings in ~/status')
+        mine = f'flashrt_ros: {node.get_name()}'
+        wait_for(lambda: any(d.name == mine and any(kv.key == f'refused: {key}'
+                                                    and kv.value == '3' for kv in d.values)
+                             for d in list(diagnostics)), what='the count in /diagnostics')
+        wait_for(lambda: any(m.name == node.get_name() and 'stale stamp' in m.msg
+                             and 'header.stamp' in m.msg for m in list(logs)),
+                 what='a log naming the cause on /rosout')
     finally:
         _close(node, client, spinners)
 

@@ -197,6 +197,18 @@ def test_sessions_are_addressed_by_index_or_name_and_never_guessed(tmp_path):
     fleet = _engine(POLICIES[0], tmp_path, 3, session_names=names)
     assert fleet.session('g1-b').index == 1 and fleet.session('2').index == 2
     assert fleet.session(0).name == 'g1-a'
+    # indices are ASCII digits: str.isdigit() also takes other scripts' digits, which int()
+    # reads ('\u0661' Arabic-Indic one, '\uff11' fullwidth one) or refuses ('\u00b2')
+    for key in ('\u0661', '\uff11', '\u00b2', '1\u0661'):
+        with pytest.raises(InvalidConfig, match='ASCII digits 0-9'):
+            fleet.session(key)
+        with pytest.raises(InvalidConfig, match='ASCII digits 0-9'):
+            fleet.snapshot('x', session=key)
+    assert fleet.store.list() == []
+    assert fleet.session('01').index == 1
+    # such a name is a name, never an index (it once raised ValueError at construction)
+    odd = _engine(POLICIES[0], tmp_path, 2, session_names=['\u00b2', '\uff11'])
+    assert odd.session('\uff11').index == 1 and odd.session('1').index == 1
     with pytest.raises(InvalidConfig, match='runs 3 sessions: name one'):
         fleet.snapshot('x')
     with pytest.raises(InvalidConfig, match="no session 'g1-z'"):

@@ -24,6 +24,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
+import logging
 import math
 import threading
 import time
@@ -34,8 +35,9 @@ import torch
 from .capsule import Capsule, CapsuleStore, Manifest, check_compatible
 from .errors import (CapacityExceeded, CapsuleExists, InvalidConfig, InvalidObservation,
                      RollbackUnavailable)
-from .graph import StepGraph
-from .state import BufferSpec, KINDS, META_EPISODE, META_STEP, META_TAG, StateArena
+from .graph import probe_determinism, StepGraph
+from .state import (BufferSpec, KINDS, META_EPISODE, META_POSITION, META_STEP, META_TAG,
+                    StateArena)
 from .transfer import Transfer
 
 EPISODE_START = 'episode_start'     # the capsule reset_episode() restores
@@ -147,7 +149,7 @@ class PolicyEngine:
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
                  debug=False, last_action=None, signing_key=None, use_cuda_python=True,
-                 sessions=1, session_names=None, batch_sessions=False):
+                 sessions=1, session_names=None, batch_sessions=False, determinism_probe=3):
         """last_action: (start, size, scale, offset, clip) of an observation slot that the
         step fills from the previous action (ObservationLayout.device_feedback()), or None.
         That action is then state ('last_action' in the arena), restored with a capsule.
@@ -174,7 +176,8 @@ class PolicyEngine:
         if len(names) != self.sessions or len(set(names)) != len(names) or not all(names):
             raise InvalidConfig(f'session_names must be {self.sessions} distinct non-empty '
                                 f'names, got {names}')
-        clash = [n for i, n in enumerate(names) if n.isdigit() and int(n) != i]
+        clash = [n for i, n in enumerate(names)
+                 if n.isascii() and n.isdigit() and int(n) != i]   # session(): ASCII indices
         if clash:
             raise InvalidConfig(f'session names {clash} read as the index of another session')
         self._sessions = [Session(i, n) for i, n in enumerate(names)]
@@ -258,6 +261,35 @@ class PolicyEngine:
             self.graphs.append(graph)
         self.graph = self.graphs[-1]            # the whole-capacity step
         self.graph_captured = self.graph.captured
+        # determinism: replays of each step from one random state compared bit for bit (graph.
+        # probe_determinism); a kernel that is not reproducible is reported, never silent
+        self.determinism = {'deterministic': None, 'replays': 0, 'probed': False}
+        if determinism_probe:
+            # every span's step on CUDA (milliseconds); on CPU, whose kernels split no
+            # reduction by timing, the whole-capacity step only (eager steps cost more there)
+            which = list(range(len(self.graphs)))[0 if self.device.type == 'cuda' else -1:]
+            probe = probe_determinism([self.graphs[i] for i in which],
+                                      lambda j: self._probe_state(which[j]), self.arena.storage,
+                                      self.out_buf, determinism_probe)
+            probe['differing'] = [self.spans[which[j]] for j in probe['differing']]
+            self.determinism = {**probe, 'probed': True}
+            if not self.determinism['deterministic']:
+                logging.getLogger(__name__).warning(
+                    'the policy step is not reproducible on %s: %s', self.device,
+                    self.determinism)
+
+    def _probe_state(self, i):
+        """A state for probe_determinism: random finite floats everywhere, obs too, and the
+        position at the end of graph i's span (every key of the span live)."""
+        gen = torch.Generator(self.device).manual_seed(i)
+        for views in self.arena.session_views:
+            for v in views.values():
+                if v.is_floating_point() and v.numel():
+                    v.copy_(torch.randn(v.shape, generator=gen, device=self.device) * 0.5)
+        self.obs_buf.copy_(torch.randn(self.obs_buf.shape, generator=gen, device=self.device))
+        if self._advances:
+            span = self.spans[i] or self.arena.capacity
+            self._meta_all[:, META_POSITION] = span - 1
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -352,6 +384,11 @@ class PolicyEngine:
                                 f'(an index 0..{self.sessions - 1} or a name)')
         if isinstance(key, str) and key in self._by_name:
             return self._by_name[key]
+        if isinstance(key, str) and key.isdigit() and not key.isascii():
+            # str.isdigit and int() read other scripts' digits ('\u0661', fullwidth '\uff11')
+            # and isdigit superscripts int() refuses ('\u00b2'): an index is 0-9 only
+            raise InvalidConfig(f'no session {key!r}: an index is written in ASCII digits '
+                                f'0-9 (0..{self.sessions - 1}), and no session has that name')
         if isinstance(key, str) and key.isdigit():
             key = int(key)
         if isinstance(key, int) and not isinstance(key, bool) and 0 <= key < self.sessions:
