@@ -56,8 +56,8 @@ def backends(device):
            'deterministic_algorithms': torch.are_deterministic_algorithms_enabled(),
            'cublas_workspace_config': os.environ.get('CUBLAS_WORKSPACE_CONFIG', ''),
            'cpu_threads': torch.get_num_threads(),
-           'history_attention_cuda': 'aten._efficient_attention_forward (memory-efficient, '
-                                     'called directly)'}
+           'history_attention_cuda': 'step: cuBLAS baddbmm/softmax/bmm; prefill: '
+                                     'aten._efficient_attention_forward (called directly)'}
     if device.type == 'cuda':
         out.update(sdp_flash=b.cuda.flash_sdp_enabled(),
                    sdp_mem_efficient=b.cuda.mem_efficient_sdp_enabled(),
@@ -306,8 +306,8 @@ def render(results):
         if not d:
             continue
         out += [f'\n## {kind}: reproducible kernel vs the dispatcher\'s choice\n',
-                '| position | efficient: differing / replays | dispatcher: differing | '
-                'step p50 efficient / dispatcher (us) | prefill efficient / dispatcher (ms) |',
+                '| position | default: differing / replays | dispatcher: differing | '
+                'step p50 default / dispatcher (us) | prefill default / dispatcher (ms) |',
                 '|' + ' --- |' * 5]
         for w in d['rows']:
             out.append(f'| {w["position"]} | {w["efficient"]["differing_replays"]} / '

@@ -122,10 +122,11 @@ class HistoryPolicy(Policy):
         self.d_model, self.n_layers, self.heads = d_model, n_layers, heads
         self.chunk, self.mlp_ratio, self.conv_width = chunk, mlp_ratio, conv_width
         self.dtype = dtype
-        # 'efficient' (default): efficient_attention() on CUDA, reproducible; 'dispatcher':
-        # F.scaled_dot_product_attention's own choice (cuDNN on the H200: not reproducible),
-        # kept to measure what the reproducible kernel costs. CPU always uses the dispatcher
-        # (its kernels are reproducible for a fixed thread count: test_determinism.py).
+        # 'efficient' (default): on CUDA the step attends by cuBLAS matmuls and prefill by
+        # efficient_attention(), both reproducible; 'dispatcher': the kernel that
+        # F.scaled_dot_product_attention picks (cuDNN on the H200: not reproducible), kept to
+        # measure what the reproducible choice costs. The CPU always uses the dispatcher (its
+        # kernels are reproducible for a fixed thread count: test_determinism.py).
         self.attention = 'efficient'
         self.n_attn, self.n_rec = (n_layers + 1) // 2, n_layers // 2
         self.embed = nn.Linear(obs_dim, d_model)
@@ -220,22 +221,18 @@ class HistoryPolicy(Policy):
         qkv = m.wqkv(h).view(3, m.heads, m.head_dim)                         # [3, H, D]
         kv.index_copy_(0, pos, qkv[1:].unsqueeze(0))
         k, v = kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)            # [H, C, D]
-        if self.dtype in (torch.bfloat16, torch.float16) and self._efficient(h):
-            # half precision on CUDA: the fused reproducible kernel over the cache as it lies
-            o = efficient_attention(qkv[0].view(1, 1, m.heads, m.head_dim), kv[None, :, 0],
-                                    kv[None, :, 1], bias.view(1, 1, 1, -1).expand(
-                                        1, m.heads, 1, kv.shape[0]))
-            return self._plus_linear(x, o.view(1, self.d_model), m.wo)
-        if self.dtype in (torch.bfloat16, torch.float16):
+        if self.dtype in (torch.bfloat16, torch.float16) and not self._efficient(h):
             # the dispatcher's fused kernel (CPU, or attention='dispatcher')
             o = F.scaled_dot_product_attention(
                 qkv[0].view(1, m.heads, 1, m.head_dim), k[None], v[None],
                 attn_mask=bias.view(1, 1, 1, -1))
             return self._plus_linear(x, o.view(1, self.d_model), m.wo)
-        # float32: two batched matmuls straight over the cache views (strided, no copies):
-        # one query against C keys is a gemv, and the fused SDPA kernels with a mask
-        # parallelise poorly over a single float32 query (one block per head: 1.8 ms a step
-        # on the H200). The first also applies the scale and adds the mask bias (on CUDA a
+        # CUDA (every dtype) and float32 on the CPU: two batched matmuls straight over the
+        # cache views (strided, no copies); cuBLAS on one stream is reproducible run to run.
+        # One query against C keys is a gemv: the fused kernels parallelise it poorly (the
+        # memory-efficient kernel, reproducible, runs one block per head: 2.9 ms a bf16 step
+        # at 2k keys and 9 ms at 16k on the H200, against ~1 ms here; cuDNN's is fast but not
+        # reproducible). The first also applies the scale and adds the mask bias (on CUDA a
         # copy of the bias into its output, then the GEMM); softmax accumulates in float32.
         scores = torch.baddbmm(bias, k, qkv[0].unsqueeze(-1), alpha=m.head_dim ** -0.5)
         p = torch.softmax(scores.view(m.heads, -1), dim=-1)                  # [H, C]
