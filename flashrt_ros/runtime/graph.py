@@ -6,6 +6,7 @@ lives in tensors the caller owns (the arena views, the obs/action staging buffer
 addresses must never change after capture.
 '''
 
+import gc
 import time
 
 import torch
@@ -49,8 +50,20 @@ class StepGraph:
         torch.cuda.synchronize(self.device)
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            self.fn()
+        # No garbage collection while capturing: a collection that frees an earlier engine's
+        # graph (a reference cycle dropped by the caller) destroys its CUDA graph in the
+        # middle of this capture, which CUDA forbids and which invalidates the capture
+        # (seen on the H200: an MLP engine dropped, then an LSTM engine's capture failed).
+        # torch.cuda.graph collects before capture begins; nothing may collect inside it.
+        gc_was_enabled = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                self.fn()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         if saved is not None:
             # capture records kernels without running them, so state now holds exactly the
