@@ -191,7 +191,43 @@ def mlp(in_dim, hidden_dims, out_dim, activation):
 HISTORY_ORDERS = ('oldest_first', 'newest_first')
 
 
-class ObservationHistory(Policy):
+class _InputHistory(Policy):
+    '''A wrapper that keeps observation history in the arena in front of `inner`: the
+    subclass declares its own history buffers (own_specs) and its step; the inner policy's
+    state, binding, reset and device pass through, and prefill is refused.'''
+
+    def __init__(self, inner, obs_dim):
+        super().__init__(obs_dim, inner.act_dim, inner.capacity, inner.noise_std, inner.seed)
+        self.inner = inner
+        self.kind, self.batched = inner.kind, inner.batched
+
+    def own_specs(self):
+        raise NotImplementedError
+
+    def state_specs(self):
+        return list(self.inner.state_specs()) + self.own_specs()
+
+    def bind(self, views, sessions=None):
+        self.inner.bind(views, sessions)
+        self.views = {**self.inner.views, **{s.name: views[s.name] for s in self.own_specs()}}
+        self.meta = self.inner.meta
+
+    @torch.no_grad()
+    def reset_state(self):
+        self.inner.reset_state()
+        for spec in self.own_specs():
+            self.views[spec.name].zero_()
+
+    def prefill(self, observations):
+        raise InvalidConfig(f'prefill with {self.history_name} is not supported; step() '
+                            'instead')
+
+    @property
+    def device(self):
+        return self.inner.device
+
+
+class ObservationHistory(_InputHistory):
     '''The last `frames` observations stacked into one input of `inner` (obs_dim * frames).
 
     The window is state ('obs_history' [frames, obs_dim], kind history), so a capsule restores
@@ -206,27 +242,16 @@ class ObservationHistory(Policy):
                                 'inputs, which must be a multiple of obs_history (>= 2)')
         if order not in HISTORY_ORDERS:
             raise InvalidConfig(f'history_order {order!r}: one of {HISTORY_ORDERS}')
-        super().__init__(inner.obs_dim // frames, inner.act_dim, inner.capacity,
-                         inner.noise_std, inner.seed)
-        self.inner, self.frames, self.order = inner, int(frames), order
-        self.kind, self.batched = inner.kind, inner.batched
+        super().__init__(inner, inner.obs_dim // frames)
+        self.frames, self.order = int(frames), order
 
     def config(self):
         return {**self.inner.config(), 'obs_history': self.frames, 'history_order': self.order}
 
-    def state_specs(self):
-        return list(self.inner.state_specs()) + [
-            BufferSpec('obs_history', (self.frames, self.obs_dim), torch.float32, 'history')]
+    history_name = 'obs_history'
 
-    def bind(self, views, sessions=None):
-        self.inner.bind(views, sessions)
-        self.views = {**self.inner.views, 'obs_history': views['obs_history']}
-        self.meta = self.inner.meta
-
-    @torch.no_grad()
-    def reset_state(self):
-        self.inner.reset_state()
-        self.views['obs_history'].zero_()
+    def own_specs(self):
+        return [BufferSpec('obs_history', (self.frames, self.obs_dim), torch.float32, 'history')]
 
     @torch.no_grad()
     def step(self, obs, action):
@@ -241,18 +266,11 @@ class ObservationHistory(Policy):
             window[..., 0, :].copy_(obs)
         self.inner.step(window.flatten(-2), action)
 
-    def prefill(self, observations):
-        raise InvalidConfig('prefill with obs_history is not supported; step() instead')
-
     def model_digest(self):
         return self.inner.model_digest() + f'+history{self.frames}{self.order}'
 
-    @property
-    def device(self):
-        return self.inner.device
 
-
-class TermHistory(Policy):
+class TermHistory(_InputHistory):
     '''Per-term history, as Isaac Lab's ObservationManager keeps it: each term of the
     observation frame has its own window of `history_length` readings; the input of `inner`
     is, term after term, that term's window oldest first, flattened.
@@ -275,10 +293,8 @@ class TermHistory(Policy):
                 f'per-term history: the terms stack to {width} policy inputs '
                 f'({" + ".join(f"{f} x {s}" for s, f in terms)}), the policy takes '
                 f'{inner.obs_dim}')
-        super().__init__(sum(size for size, _ in terms), inner.act_dim, inner.capacity,
-                         inner.noise_std, inner.seed)
-        self.inner, self.terms = inner, terms
-        self.kind, self.batched = inner.kind, inner.batched
+        super().__init__(inner, sum(size for size, _ in terms))
+        self.terms = terms
         # (start in the frame, size, frames, start in the window buffer) per term
         self.segments, start, offset = [], 0, 0
         for size, frames in terms:
@@ -288,22 +304,11 @@ class TermHistory(Policy):
     def config(self):
         return {**self.inner.config(), 'term_history': [list(t) for t in self.terms]}
 
-    def state_specs(self):
-        return list(self.inner.state_specs()) + [
-            BufferSpec('term_history', (self.inner.obs_dim,), torch.float32, 'history'),
-            BufferSpec('term_history_primed', (1,), torch.float32, 'history')]
+    history_name = 'per-term history'
 
-    def bind(self, views, sessions=None):
-        self.inner.bind(views, sessions)
-        self.views = {**self.inner.views, 'term_history': views['term_history'],
-                      'term_history_primed': views['term_history_primed']}
-        self.meta = self.inner.meta
-
-    @torch.no_grad()
-    def reset_state(self):
-        self.inner.reset_state()
-        self.views['term_history'].zero_()
-        self.views['term_history_primed'].zero_()
+    def own_specs(self):
+        return [BufferSpec('term_history', (self.inner.obs_dim,), torch.float32, 'history'),
+                BufferSpec('term_history_primed', (1,), torch.float32, 'history')]
 
     @torch.no_grad()
     def step(self, obs, action):
@@ -321,12 +326,5 @@ class TermHistory(Policy):
         primed.fill_(1.0)
         self.inner.step(stacked, action)
 
-    def prefill(self, observations):
-        raise InvalidConfig('prefill with per-term history is not supported; step() instead')
-
     def model_digest(self):
         return self.inner.model_digest() + f'+terms{self.terms}'
-
-    @property
-    def device(self):
-        return self.inner.device
