@@ -402,44 +402,47 @@ def test_operators_outside_the_standard_are_named(files, tmp_path):
 
 def test_a_conversion_that_computes_something_else_is_refused(files, monkeypatch):
     from flashrt_ros.runtime.policies import onnx as onnx_policy
-    path = files('mlp_elu_norm')[0]
-    onnx_module, convert, operations, real = onnx_policy._converter()
 
-    def careless(model, **kwargs):
+    def careless(module):
         # a converter that drops Elu's alpha attribute: plausible, silent and wrong
-        module = convert(model, **kwargs)
         for m in module.modules():
             if isinstance(m, nn.ELU):
                 m.alpha = 0.5
-        return module
 
-    monkeypatch.setattr(onnx_policy, '_converter',
-                        lambda: (onnx_module, careless, operations, real))
-    with pytest.raises(InvalidConfig, match=r'disagrees with the ONNX reference '
-                                            r'implementation \(output actions, step 0, '
-                                            r'max abs diff'):
-        make_policy('mlp', OBS, ACT, file=str(path))
+    _refused_after(files, monkeypatch, onnx_policy, careless,
+                   r'disagrees with the ONNX reference implementation \(output actions, '
+                   r'step 0, max abs diff')
 
 
 def test_a_conversion_off_by_half_precision_weights_is_refused(files, monkeypatch):
     # subtler than a dropped attribute: weights rounded through float16 move the actions by
     # ~1e-4, inside the old tolerance (1e-4 + 1e-3 |value|), far outside float32 rounding
     from flashrt_ros.runtime.policies import onnx as onnx_policy
-    path = files('mlp_elu_norm')[0]
-    onnx_module, convert, operations, real = onnx_policy._converter()
 
-    def rounded(model, **kwargs):
-        module = convert(model, **kwargs)
+    def rounded(module):
         with torch.no_grad():
             for p in module.parameters():
                 p.copy_(p.half().float())
+
+    _refused_after(files, monkeypatch, onnx_policy, rounded,
+                   r'disagrees with the ONNX reference implementation \(output actions, '
+                   r'step 0, max abs diff [0-9.e-]+, allowed 1e-05\)')
+
+
+def _refused_after(files, monkeypatch, onnx_policy, spoil, match):
+    # the real converter, then `spoil` edits the converted module in place: the load-time
+    # check against the ONNX reference must refuse the file with `match`
+    path = files('mlp_elu_norm')[0]
+    onnx_module, convert, operations, real = onnx_policy._converter()
+
+    def spoiled(model, **kwargs):
+        module = convert(model, **kwargs)
+        spoil(module)
         return module
 
     monkeypatch.setattr(onnx_policy, '_converter',
-                        lambda: (onnx_module, rounded, operations, real))
-    with pytest.raises(InvalidConfig, match=r'disagrees with the ONNX reference '
-                                            r'implementation \(output actions, step 0, '
-                                            r'max abs diff [0-9.e-]+, allowed 1e-05\)'):
+                        lambda: (onnx_module, spoiled, operations, real))
+    with pytest.raises(InvalidConfig, match=match):
         make_policy('mlp', OBS, ACT, file=str(path))
 
 
