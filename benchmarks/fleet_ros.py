@@ -36,8 +36,9 @@ def _episodes(layout, branches, steps, branch_at, log_dir):
     import rclpy
 
     from flashrt_ros.client import PolicyClient, spin_in_thread
-    from flashrt_ros.episode_runner import EpisodeRunner, Fleet
-    from flashrt_ros.sim import MujocoWorld
+    from flashrt_ros.harness.episode_runner import EpisodeRunner
+    from flashrt_ros.harness.fleet import Fleet
+    from flashrt_ros.sim.cartpole import MujocoWorld
 
     capsules = tempfile.mkdtemp(prefix='fleet_ros_')
     procs = [_node(n, d, s, capsules, log_dir) for n, d, s in layout]

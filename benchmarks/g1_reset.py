@@ -44,9 +44,10 @@ from rclpy.parameter import Parameter
 import torch
 
 from flashrt_ros.client import PolicyClient, spin_in_thread
-from flashrt_ros.episode_runner import (declare_parameters, EpisodeRunner, make_world,
-                                        POLICY_CAPSULE, RobotLink, WORLD_SNAPSHOT)
-from flashrt_ros.policy_node import PolicyNode
+from flashrt_ros.harness.episode_runner import (declare_parameters, EpisodeRunner,
+                                                make_world, POLICY_CAPSULE, WORLD_SNAPSHOT)
+from flashrt_ros.harness.links import RobotLink
+from flashrt_ros.node.policy_node import PolicyNode
 from .ros_e2e import _executable
 from .run import environment, ROOT
 from .timing import stats, wall

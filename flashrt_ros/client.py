@@ -11,25 +11,10 @@ from lifecycle_msgs.srv import ChangeState
 from rclpy.executors import ExternalShutdownException
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray
-from std_srvs.srv import Trigger
 
 from flashrt_ros import msg as fmsg
-from flashrt_ros import srv as fsrv
 from flashrt_ros.executors import make_executor, publisher_events, wait_set_race
-
-SERVICE_TYPES = {
-    'snapshot': fsrv.Snapshot,
-    'restore': fsrv.Restore,
-    'fork': fsrv.Fork,
-    'rollback': fsrv.Rollback,
-    'list_capsules': fsrv.ListCapsules,
-    'delete_capsule': fsrv.DeleteCapsule,
-    'save_capsule': fsrv.SaveCapsule,
-    'load_capsule': fsrv.LoadCapsule,
-    'reset_episode': Trigger,
-    'reset_session': fsrv.ResetSession,
-    'recover': Trigger,
-}
+from flashrt_ros.interfaces import SERVICE_TYPES
 
 
 class Spinner:

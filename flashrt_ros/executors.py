@@ -1,5 +1,5 @@
 """How flashrt_ros spins: one executor choice for the nodes, the clients and the benchmarks,
-and one main loop for the executables.
+one main loop for the executables, and the control thread of the policy node.
 
 rclpy's SingleThreadedExecutor, everywhere. Tried and not kept:
 - MultiThreadedExecutor (Jazzy) kept cores busy spinning once services had been called (the
@@ -16,9 +16,11 @@ publisher and subscription by default: two waitables each). On a service round t
 paid on both sides; see `publisher_events`.
 """
 import sys
+import threading
 import traceback
 
 import rclpy
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.exceptions import InvalidHandle
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
@@ -79,3 +81,84 @@ def run(node, startup=None):
         if rclpy.ok():
             rclpy.try_shutdown()
     sys.exit(status)
+
+
+class ControlGroup(MutuallyExclusiveCallbackGroup):
+    """A callback group that only its ControlThread runs.
+
+    rclpy asks a callback group whether an executor may run each of its entities, both when
+    the executor gathers its wait set and before each call. This group answers yes only on
+    its control thread: whatever executor spins the node (main()'s, a test's, a component
+    container's, single- or multi-threaded) never waits on, takes or runs the control
+    entities, so the control tick is never queued behind service calls, parameter changes
+    or status on that executor.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.thread_id = None
+
+    def can_execute(self, entity):
+        return threading.get_ident() == self.thread_id and super().can_execute(entity)
+
+
+class _GroupExecutor(SingleThreadedExecutor):
+    """A single-threaded executor over one callback group of one node. The node is not added
+    (add_node would take it from the executor that spins the rest of it): get_nodes names
+    it, and can_execute keeps the wait set to the group."""
+
+    def __init__(self, node, group):
+        super().__init__(context=node.context)
+        self._node, self._group = node, group
+
+    def get_nodes(self):
+        return [self._node]
+
+    def can_execute(self, entity):
+        return entity.callback_group is self._group and super().can_execute(entity)
+
+
+class ControlThread:
+    """Spins `group` (a ControlGroup) of `node` on a thread of its own, from start() until
+    stop(). wake() after creating or destroying entities of the group: the node wakes only
+    the executor it was added to."""
+
+    def __init__(self, node, group):
+        self._node, self._group = node, group
+        self._executor = self._thread = None
+        self._stopping = False
+
+    def start(self):
+        self._stopping = False
+        self._executor = _GroupExecutor(self._node, self._group)
+        self._thread = threading.Thread(target=self._spin, daemon=True,
+                                        name=f'{self._node.get_name()} control')
+        self._thread.start()
+
+    def wake(self):
+        if self._executor is not None:
+            self._executor.wake()
+
+    def _spin(self):
+        self._group.thread_id = threading.get_ident()
+        log = self._node.get_logger()
+        while not self._stopping and self._node.context.ok():
+            try:
+                self._executor.spin_once(timeout_sec=0.5)
+            except ExternalShutdownException:
+                break
+            except Exception as exc:  # noqa: B902 - the control thread must outlive a callback
+                if not wait_set_race(exc):
+                    log.error(f'control callback failed and was dropped: {exc!r}')
+
+    def stop(self):
+        """Ends the thread after the callback in progress, if any (never call it from the
+        control thread itself)."""
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._executor.wake()
+        self._thread.join()
+        self._group.thread_id = None
+        self._executor.shutdown()
+        self._executor = self._thread = None

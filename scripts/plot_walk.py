@@ -52,7 +52,7 @@ def run_direct(robot, seconds, vx):
     sys.path.insert(0, str(ROOT))   # this checkout's package, not an older installed copy
     import torch
 
-    from flashrt_ros.robot_world import load_upstream_config, upstream_world, \
+    from flashrt_ros.sim.robot_world import load_upstream_config, upstream_world, \
         UpstreamController
     robot = pathlib.Path(robot)
     if not robot.is_dir():

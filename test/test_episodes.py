@@ -23,10 +23,12 @@ from std_srvs.srv import Trigger  # noqa: E402
 
 from flashrt_ros import srv as fsrv  # noqa: E402
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
-from flashrt_ros.episode_runner import (_call, EpisodeRunner, Fleet, GazeboWorld,  # noqa: E402
-                                        parse_addresses)
-from flashrt_ros.policy_node import PolicyNode  # noqa: E402
-from flashrt_ros.sim import make_sim_node, MujocoWorld  # noqa: E402
+from flashrt_ros.harness.episode_runner import EpisodeRunner  # noqa: E402
+from flashrt_ros.harness.fleet import Fleet, parse_addresses  # noqa: E402
+from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
+from flashrt_ros.sim.cartpole import MujocoWorld  # noqa: E402
+from flashrt_ros.sim.gazebo_world import GazeboWorld, wait_and_call  # noqa: E402
+from flashrt_ros.sim.sim_node import make_sim_node  # noqa: E402
 
 
 @pytest.fixture(scope='module')
@@ -133,7 +135,7 @@ def test_sim_node_services(system):
     step = node.create_client(Trigger, base + '/step')
     snapshot = node.create_client(fsrv.Snapshot, base + '/snapshot')
     restore = node.create_client(fsrv.Restore, base + '/restore')
-    r = _call(reset, Trigger.Request(), 10.0)
+    r = wait_and_call(reset, Trigger.Request(), 10.0)
     assert r.success, r.message
     while action_pub.get_subscription_count() == 0:
         time.sleep(0.01)
@@ -147,20 +149,20 @@ def test_sim_node_services(system):
         act(0.5 * np.sin(0.3 * t))
     request = fsrv.Snapshot.Request()
     request.name = 'w'
-    r = _call(snapshot, request, 10.0)
+    r = wait_and_call(snapshot, request, 10.0)
     assert r.success and r.capsule.nbytes == sim.world.state_size * 8, r.message
     state = sim.world.state_bytes()
     first = [act(0.3) for _ in range(10)]
-    r = _call(step, Trigger.Request(), 10.0)
+    r = wait_and_call(step, Trigger.Request(), 10.0)
     assert r.success and '1 steps' in r.message
     request = fsrv.Restore.Request()
     request.name = 'w'
-    r = _call(restore, request, 10.0)
+    r = wait_and_call(restore, request, 10.0)
     assert r.success, r.message
     assert sim.world.state_bytes() == state
     assert [act(0.3) for _ in range(10)] == first
     request.name = 'missing'
-    r = _call(restore, request, 10.0)
+    r = wait_and_call(restore, request, 10.0)
     assert not r.success and 'missing' in r.message
 
 

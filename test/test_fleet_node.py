@@ -6,6 +6,7 @@ every action compared bit for bit with a single-session engine of the same polic
 """
 import array
 import itertools
+import math
 import os
 import threading
 
@@ -19,8 +20,9 @@ from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from std_msgs.msg import Float32MultiArray  # noqa: E402
 from flashrt_ros import msg as fmsg  # noqa: E402
-from flashrt_ros.client import call_service, SERVICE_TYPES, spin_in_thread  # noqa: E402
-from flashrt_ros.policy_node import PolicyNode  # noqa: E402
+from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
+from flashrt_ros.interfaces import SERVICE_TYPES  # noqa: E402
+from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
 from test_policy_node import obs, reference_actions, ros, SUCCESS, wait_for  # noqa: E402,F401
 
 NAMES = ['alpha', 'beta', 'gamma']
@@ -62,7 +64,8 @@ class Fleet:
         for client in self.services.values():
             assert client.wait_for_service(timeout_sec=30)
         wait_for(lambda: all(p.get_subscription_count() for p in self.pubs.values())
-                 and all(io.action_pub.get_subscription_count() for io in self.node._io),
+                 and all(s.action_pub.get_subscription_count()
+                         for s in self.node.parts.robot.sessions),
                  what='fleet topics')
 
     def _got(self, name, msg):
@@ -159,13 +162,68 @@ def test_services_address_sessions_and_clone_one_robot_onto_another(fleet):
     assert [engine.session(i).episode for i in range(3)] == [0, 0, 1]
     assert fleet.call('reset_episode').success
     assert [engine.session(i).episode for i in range(3)] == [1, 1, 2]
-    assert not fleet.call('recover').success
+    # ~/recover (std_srvs/Trigger: no session field) with no session held: every session
+    # goes back to its newest valid checkpoint, here episode_start (no periodic checkpoints)
+    r = fleet.call('recover')
+    assert r.success and all(f'session {n}: recovered' in r.message for n in NAMES), r.message
+    assert [engine.session(i).step_index for i in range(3)] == [0, 0, 0]
+
+
+def test_sessions_checkpoint_hold_recover_and_resume_alone(ros, tmp_path):  # noqa: F811
+    """What a single-session node has, per session: periodic checkpoints, on_poison, a hold
+    that only the poisoned session is in, ~/recover of that session alone, status and
+    diagnostics naming it, and restore_on_start resuming every session from its own file."""
+    params = PARAMS | dict(checkpoint_every=3, checkpoint_keep=2, checkpoint_to_disk=True,
+                           on_poison='hold')
+    streams = _streams(0, 12)
+    refs = [reference_actions(PARAMS | {'sessions': 1, 'session_names': []}, streams[k],
+                              tmp_path / f'ref{k}')[1] for k in range(3)]
+    fleet = Fleet(tmp_path, params)
+    try:
+        engine = fleet.node.engine
+        for t in range(7):                      # checkpoints after steps 3 and 6
+            tick = fleet.send('*', [streams[k][t] for k in range(3)])
+            assert [tick[3 * k:3 * k + 3] for k in range(3)] == [refs[k][t] for k in range(3)]
+        names = sorted(c.name for c in fleet.call('list_capsules').capsules
+                       if c.name.startswith('checkpoint-'))
+        assert names == [f'checkpoint-{n}-0000000{i}' for n in NAMES for i in (1, 2)], names
+        with engine._lock:                       # NaN into beta's recurrent state only
+            engine.arena.session_views[1]['hidden_state'].fill_(math.nan)
+        tick = fleet.send('*', [streams[k][7] for k in range(3)])
+        assert all(np.isnan(tick[3:6])), 'a NaN action of beta was published'
+        assert tick[0:3] == refs[0][7] and tick[6:9] == refs[2][7]
+        wait_for(lambda: fleet.status is not None and list(fleet.status.held_sessions) == [
+            'beta'], what='beta held in ~/status')
+        diag = fleet.node.diagnostic(fleet.node.status_message())
+        values = {kv.key: kv.value for kv in diag.values}
+        assert "['beta']" in diag.message and values['session beta'].count('held') == 1
+        assert 'running' in values['session alpha'], values
+        tick = fleet.send('*', [streams[k][8] for k in range(3)])     # beta refused, held
+        assert all(np.isnan(tick[3:6])) and tick[0:3] == refs[0][8]
+        r = fleet.call('recover')                # only the held session goes back
+        assert r.success and 'session beta: recovered' in r.message, r.message
+        assert 'checkpoint-beta-00000002' in r.message and 'alpha' not in r.message
+        assert [engine.session(i).step_index for i in range(3)] == [9, 6, 9]
+        beta = [fleet.send('beta', streams[1][t]) for t in range(6, 9)]
+        assert beta == refs[1][6:9]               # beta continues as if never poisoned
+        steps = [engine.session(i).step_index for i in range(3)]
+    finally:
+        fleet.close()
+    files = sorted(p.name for p in (tmp_path / 'capsules').glob('checkpoint-*'))
+    assert files == sorted(f'checkpoint-{n}-0000000{i}.capsule' for n in NAMES for i in (2, 3))
+    resumed = Fleet(tmp_path, params | dict(restore_on_start='latest'))
+    try:                                         # each session from its own newest file
+        engine = resumed.node.engine
+        assert [engine.session(i).step_index for i in range(3)] == [9, 9, 9] == steps
+        tick = resumed.send('*', [streams[k][9] for k in range(3)])
+        assert [tick[3 * k:3 * k + 3] for k in range(3)] == [refs[k][9] for k in range(3)]
+    finally:
+        resumed.close()
 
 
 def test_fleet_parameters_are_checked(ros, tmp_path):  # noqa: F811
     for bad, word in [(dict(session_names=['a', 'a', 'b']), 'distinct'),
-                      (dict(session_names=['1a', 'b', 'c']), 'ROS name tokens'),
-                      (dict(checkpoint_every=10), 'per-session capsules')]:
+                      (dict(session_names=['1a', 'b', 'c']), 'ROS name tokens')]:
         node = PolicyNode(f'flashrt_fleet_bad_{os.getpid()}', parameter_overrides=[
             Parameter(k, value=v) for k, v in dict(PARAMS, device='cpu', **bad).items()])
         try:
@@ -217,7 +275,8 @@ def _terms_fleet(tmp_path, **extra):
     spinners = [spin_in_thread(node), spin_in_thread(client)]
     assert node.trigger_configure() == SUCCESS and node.trigger_activate() == SUCCESS
     wait_for(lambda: all(p.get_subscription_count() for p in robots.pubs.values())
-             and all(p.get_subscription_count() for io in node._io for p in io.command_pubs),
+             and all(p.get_subscription_count() for s in node.parts.robot.sessions
+                     for p in s.command_pubs),
              what='robot topics')
     return node, client, robots, spinners
 
@@ -274,8 +333,8 @@ def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, ses
     client.create_subscription(fmsg.PolicyStatus, f'/{node.get_name()}/status',
                                status.append, 10)
     try:
-        wait_for(lambda: node._diag_pub.get_subscription_count() > 0
-                 and node._status_pub.get_subscription_count() > 0, what='status match')
+        wait_for(lambda: node.diagnostics_pub.get_subscription_count() > 0
+                 and node.status_pub.get_subscription_count() > 0, what='status match')
         robots.publish(s, 0, [0.1, 0.2])
         wait_for(lambda: len(robots.commands[s]) == 1, what='the first command')
         robots.publish(s, 0, [0.1, 0.2])            # the same reading again: nothing to count
@@ -285,7 +344,7 @@ def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, ses
         wait_for(lambda: len(robots.commands[s]) == 2, what='the second command')
         assert node.engine.step_index == 2
         key = 'session a: stale stamp' if sessions > 1 else 'stale stamp'
-        assert node._refusals == {key: 3}
+        assert node.report.refusals == {key: 3}
         wait_for(lambda: status and status[-1].rejected_observations == 3,
                  what='3 refused readings in ~/status')
         mine = f'flashrt_ros: {node.get_name()}'
@@ -307,7 +366,7 @@ def test_timer_fleet_steps_the_robots_with_fresh_readings(ros, tmp_path):  # noq
         robots.publish('a', 1, [0.1, 0.2])
         wait_for(lambda: len(robots.commands['a']) >= 3, what="a's commands")
         assert engine.session(1).step_index == 0 and not robots.commands['b']
-        assert any(k.startswith('session b: missing input') for k in node._refusals)
+        assert any(k.startswith('session b: missing input') for k in node.report.refusals)
         robots.publish('b', 1, [0.3, 0.4])
         wait_for(lambda: len(robots.commands['b']) >= 3, what="b's commands")
         # a reference engine stepping the same reading gives a's first actions (targets =

@@ -25,7 +25,7 @@ from sensor_msgs.msg import Imu, JointState  # noqa: E402
 from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
 
 from flashrt_ros.client import spin_in_thread  # noqa: E402
-from flashrt_ros.episode_runner import declare_parameters, run_episodes  # noqa: E402
+from flashrt_ros.harness.episode_runner import declare_parameters, run_episodes  # noqa: E402
 from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

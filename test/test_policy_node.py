@@ -9,6 +9,7 @@ without ROS) that never saw the refused inputs or calls.
 import math
 import os
 import random
+import shutil
 import threading
 import time
 
@@ -25,8 +26,9 @@ import torch  # noqa: E402
 
 from flashrt_ros.runtime.capsule import Capsule  # noqa: E402
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
-from flashrt_ros import params as node_params  # noqa: E402
-from flashrt_ros.policy_node import build_engine, PolicyNode  # noqa: E402
+from flashrt_ros.node import parameters as node_params  # noqa: E402
+from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
+from flashrt_ros.node.settings import build_engine, Settings  # noqa: E402
 
 SUCCESS = TransitionCallbackReturn.SUCCESS
 RECURRENT = dict(policy_type='recurrent', obs_dim=6, act_dim=3, rnn_hidden_dim=16)
@@ -57,10 +59,8 @@ def reference_actions(params, observations, directory):
     values = {f.name: node_params._default(f) for f in node_params.ALL_FIELDS}
     values.update(params)
     node_cfg, policy_cfg = node_params.build(values)
-    cfg = {'device': torch.device('cpu'), 'cuda_graph': True, 'capsule_dir': str(directory),
-           'rollback_depth': node_cfg.rollback_depth, 'device_budget_mb': 1024,
-           'host_budget_mb': 1024}
-    engine = build_engine(cfg, policy_cfg)
+    node_cfg.device_budget_mb = node_cfg.host_budget_mb = 1024
+    engine = build_engine(Settings(node_cfg, policy_cfg, torch.device('cpu'), str(directory)))
     return engine, [engine.step(o).tolist() for o in observations]
 
 
@@ -93,7 +93,7 @@ class Harness:
         self.client.wait_ready()
         # The action publisher must also have matched the client's subscription, or the
         # first action could be published to nobody.
-        wait_for(lambda: self.node._io[0].action_pub.get_subscription_count() > 0,
+        wait_for(lambda: self.node.parts.robot.sessions[0].action_pub.get_subscription_count() > 0,
                  what='action subscription')
 
     def deactivate(self):
@@ -208,8 +208,7 @@ def foreign_capsule(h, params, name):
     engine, _ = reference_actions(dict(h.params, **params), obs_range(0, 3), h.tmp_path / 'f')
     engine.snapshot(name)
     os.makedirs(h.params['capsule_dir'], exist_ok=True)
-    engine.store.directory = h.params['capsule_dir']
-    engine.save(name)
+    shutil.copy(engine.save(name).path, h.params['capsule_dir'])
     return engine
 
 
@@ -332,7 +331,7 @@ def test_bad_observations_refused_counted_and_harmless(make):
     got = h.steps(observations[:3])
     bad = [[0.0] * 5, [0.0] * 7, [], [float('nan')] + [0.0] * 5,
            [0.0] * 5 + [float('inf')], [float('-inf')] * 6]
-    wait_for(lambda: h.node._diag_pub.get_subscription_count() > 0, what='diagnostics match')
+    wait_for(lambda: h.node.diagnostics_pub.get_subscription_count() > 0, what='diagnostics match')
     n = h.client.actions_received()
     for b in bad:
         h.client.publish_only(b)
@@ -459,7 +458,7 @@ def test_lifecycle_cycles_while_observations_stream(make, spin):
           'wait sets rebuilt after rclpy\'s destroy race')
     assert h.node_spinner.thread.is_alive() and not h.node_spinner.failures, \
         h.node_spinner.failures
-    assert node._callback_failures == 0
+    assert node.report.callback_failures == 0
     # still alive: a clean activation (the stream's queued messages go with the old
     # subscription), then services and steps as on a fresh engine
     h.deactivate()
@@ -490,7 +489,7 @@ def test_out_of_range_parameters_are_refused_up_front(make):
     result = h.node.set_parameters([Parameter('obs_dim', value=7)])[0]
     assert not result.successful and 'cleanup' in result.reason
     assert h.node.set_parameters([Parameter('checkpoint_keep', value=5)])[0].successful
-    assert h.node.config['checkpoint_keep'] == 5
+    assert h.node.settings.node.checkpoint_keep == 5
 
 
 @pytest.mark.parametrize('name, value', [('policy_type', 'foo'), ('device', 'tpu'),
@@ -633,7 +632,8 @@ def _joint_state_round_trip(node, client, name, joints, params, tmp_path):
     client.create_subscription(JointState, f'/{name}/action', on_action, 10)
     pub = client.create_publisher(JointState, f'/{name}/observation', 10)
     wait_for(lambda: pub.get_subscription_count() > 0
-             and node._io[0].action_pub.get_subscription_count() > 0, what='joint_state topics')
+             and node.parts.robot.sessions[0].action_pub.get_subscription_count() > 0,
+             what='joint_state topics')
 
     observations = obs_range(0, 6)
     # the policy must see [positions, velocities] in the configured joint order
@@ -664,7 +664,7 @@ def test_500hz_burst_every_observation_answered_or_reported(make, stalled):
     diagnostics = []
     h.client_node.create_subscription(DiagnosticArray, '/diagnostics',
                                       lambda m: diagnostics.extend(m.status), 10)
-    wait_for(lambda: h.node._diag_pub.get_subscription_count() > 0, what='diagnostics match')
+    wait_for(lambda: h.node.diagnostics_pub.get_subscription_count() > 0, what='diagnostics match')
     sent, period = 1000, 1.0 / 500
     lock = h.node.engine._lock
     if stalled:

@@ -83,7 +83,7 @@ def test_hold_policy_refuses_until_recover_service(harness):
     assert no_action_for(h, observations[7], wait=0.2), 'held node still publishes'
     # a rollback is not one of the ways out of a hold (recover, restore, reset_episode)
     assert h.call('rollback', steps=1).success
-    assert h.node._holding, 'a rollback ended the hold'
+    assert h.node.parts.guards[0].held, 'a rollback ended the hold'
     assert no_action_for(h, observations[7], wait=0.2)
     r = h.call('recover')
     assert r.success and 'checkpoint-00000001' in r.message, r.message
@@ -158,7 +158,8 @@ def test_full_disk_restart_logs_the_cause_and_keeps_controlling(harness, tmp_pat
         h = harness(dict(params, restore_on_start='latest'))
         assert h.node.engine.step_index == 10
         assert h.steps(observations[10:40]) == ref[10:40]      # six failing checkpoints
-        recovery = h.node.recovery      # the checkpoint runs after the action is published
+        # the checkpoint runs after the action is published
+        recovery = h.node.parts.guards[0].recovery
         wait_for(lambda: recovery.failed_checkpoints == 6, what='six failed checkpoints')
         assert 'no space left' in recovery.last_failure
         diag = h.node.diagnostic(h.node.status_message())     # what /diagnostics carries

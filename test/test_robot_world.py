@@ -1,4 +1,4 @@
-"""RobotWorld (flashrt_ros/robot_world.py): a floating-base robot under joint PD control.
+"""RobotWorld (flashrt_ros/sim/robot_world.py): a floating-base robot under joint PD control.
 
 The Unitree G1 tests need the assets in ../shared/robots/unitree_g1 (beside the repository) and
 skip with the reason where they are absent; the small inline model's tests always run. No ROS,
@@ -17,7 +17,7 @@ import pytest
 mujoco = pytest.importorskip('mujoco', reason='mujoco missing: '
                              'pip install -r requirements/runtime.txt')
 
-from flashrt_ros.robot_world import (  # noqa: E402
+from flashrt_ros.sim.robot_world import (  # noqa: E402
     load_upstream_config, RobotWorld, upstream_world, UpstreamController)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -368,7 +368,7 @@ def test_sim_node_mjcf_mode_walks_over_topics(g1):
     from std_srvs.srv import Trigger
 
     from flashrt_ros import srv as fsrv
-    from flashrt_ros.sim import make_sim_node
+    from flashrt_ros.sim.sim_node import make_sim_node
 
     cfg, periods = g1['cfg'], 60
     params = dict(world='mjcf', mjcf_path=str(g1['scene']),

@@ -31,7 +31,7 @@ pytestmark = [
 rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
 yaml = pytest.importorskip('yaml')
 
-from flashrt_ros.params import ALL_FIELDS  # noqa: E402
+from flashrt_ros.node.parameters import ALL_FIELDS  # noqa: E402
 
 _DOMAINS = iter(random.sample(range(101, 232), 131))
 OBS = '{data: [0.1, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7]}'      # obs_dim 7, as in PARAMS

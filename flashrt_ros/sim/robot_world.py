@@ -27,15 +27,15 @@ Readings, taken at the end of each period and kept with the world's snapshots:
 Targets are clipped to the joints' ranges where the MJCF gives them (jnt_limited), as a
 hardware interface would refuse to command past a limit; upstream does not clip (its G1 walk
 asks for an ankle roll past 0.2618 rad now and then), so `clip_targets=False` is upstream's
-loop exactly. The World interface (sim.py) holds too, so the episode runner can drive it
-(through a policy node's robot topics: episode_runner.RobotLink): obs = [qpos, qvel] (plus
-seeded noise after perturb; the readings above carry none), reward = the base's forward
-(world x) velocity at the end of the period (a return times the period: about the distance
-walked).
+loop exactly. The World interface (world.py) holds too, so the episode runner can drive it
+(through a policy node's robot topics: RobotLink in flashrt_ros/harness/links.py): obs =
+[qpos, qvel] (plus seeded noise after perturb; the readings above carry none), reward = the
+base's forward (world x) velocity at the end of the period (a return times the period: about
+the distance walked).
 """
 import numpy as np
 
-from flashrt_ros.sim import mujoco, MujocoSnapshots, require_mujoco
+from flashrt_ros.sim.world import mujoco, MujocoSnapshots, require_mujoco
 
 
 class RobotWorld(MujocoSnapshots):

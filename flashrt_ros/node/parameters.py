@@ -1,6 +1,9 @@
 '''Parameters of the flashrt_policy node, declared from typed configs (with descriptions and
 ranges, so `ros2 param describe` says what is allowed) and read back into them.
 
+Which settings are live (apply at once while configured) and which shape what configure
+builds is declared once, on the field (`live=True`); ParameterHandler enforces it.
+
 Policy parameters come from the policy configs (runtime/config.py, one per kind); the node's
 own settings from NodeConfig below. Observation terms are declared per term at configure,
 under `observation.<term>.<setting>`, since their names come from `observation_terms`.
@@ -11,7 +14,7 @@ import math
 import os
 
 from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
-                                ParameterType)
+                                ParameterType, SetParametersResult)
 
 from flashrt_ros.runtime.config import check_fields, param
 from flashrt_ros.runtime.errors import InvalidConfig
@@ -244,3 +247,48 @@ def term_specs(node, names):
             spec[key] = value
         specs.append(spec)
     return specs
+
+
+class ParameterHandler:
+    '''The node's parameters (nav2's ParameterHandler pattern): declares them, vets every
+    change against the typed configs before it lands, and applies live ones to the
+    configured settings, calling the update callback registered for that name.
+
+    Changes to settings that shape what configure builds are refused while configured, with
+    what to do instead. `lock` is held while vetting, as transitions hold it: a change never
+    lands in the middle of a configure.
+    '''
+
+    def __init__(self, node, lock):
+        declare(node)
+        self._node, self._lock = node, lock
+        self.settings = None           # the configured Settings (settings.py); None if not
+        self._updates = {}             # live name -> callback(value)
+        node.add_on_set_parameters_callback(self._vet)
+
+    def on_update(self, name, callback):
+        '''callback(value) runs when the live parameter `name` changes while configured.'''
+        assert name in LIVE, name
+        self._updates[name] = callback
+
+    def _vet(self, changes):
+        with self._lock:
+            try:
+                read(self._node, changes)
+            except (InvalidConfig, TypeError) as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
+            settings = self.settings
+            if settings is None:
+                return SetParametersResult(successful=True)
+            names = {f.name for f in ALL_FIELDS}
+            fixed = [p.name for p in changes if p.name in names and p.name not in LIVE]
+            if fixed:
+                return SetParametersResult(successful=False, reason=(
+                    f'{fixed} shape what configure builds: deactivate and cleanup the node, '
+                    'set them, then configure again'))
+            for p in changes:
+                if p.name in LIVE:
+                    setattr(settings.node, p.name, p.value)
+                    if p.name in self._updates:
+                        self._updates[p.name](p.value)
+            return SetParametersResult(successful=True)

@@ -1,0 +1,258 @@
+"""The policy node's one control path: every observation, reading or timer tick ends in
+ControlLoop.tick(), which steps the sessions that have input in one graph replay, asks each
+session's guard about the result and publishes. A single-session node is a fleet of one.
+
+How a tick is triggered depends on the observation type and control mode:
+- float32_array / joint_state: each observation message is a tick of its session (and a
+  farm's ~/observations message a tick of every session);
+- terms, lockstep (simulation): a tick once every session that has had readings has the next
+  joint state (with the IMU reading of the same stamp when the terms read one); a session
+  that stops publishing is left behind after lockstep_wait;
+- terms, timer (robot): control_rate ticks over the newest readings; stale or missing ones
+  refuse that session's step.
+
+Everything here runs on the control thread (executors.ControlThread), under the node's lock
+that capsule services and transitions also take: a capsule operation never interleaves with
+a tick, and a tick never waits behind a queue of service calls.
+"""
+import time
+
+import numpy as np
+
+from flashrt_ros.runtime.errors import FlashRTError, InvalidObservation
+
+
+def input_tag(stamp):
+    """A lock-step reading's stamp as the engine's step tag: nanoseconds + 1 (0: none)."""
+    sec, nanosec = stamp
+    return sec * 1_000_000_000 + nanosec + 1
+
+
+def _same_values(a, b):
+    """Two readings' values equal (tuples of names, arrays or numbers)."""
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+class ControlLoop:
+    """Ticks for one configure: engine (PolicyEngine), robot (RobotIO), guards (one
+    SessionGuard per session), report (diagnostics.Report), log (a logger)."""
+
+    def __init__(self, engine, settings, robot, guards, report, log):
+        self.engine, self.settings, self.robot = engine, settings, robot
+        self.sessions, self.guards, self.report, self.log = robot.sessions, guards, report, log
+        n, self.dim = len(self.sessions), engine.obs_dim
+        self._obs = np.zeros((n, self.dim), dtype=np.float32)
+        self._active = np.zeros(n, dtype=bool)
+        self._pending_since = None      # lock-step: when the oldest waiting reading came
+        layout = settings.layout
+        self._timer_keys = sorted(layout.needs - {'raw'}) + [
+            'raw:' + t.name for t in layout.terms if t.type == 'raw'] if settings.terms else []
+
+    # -- the tick ---------------------------------------------------------------------------------
+
+    def tick(self, rows, tags=None):
+        """Steps the sessions in rows {index: observation} together, with their lock-step tags
+        {index: tag}; the others keep their state bit for bit. Returns {index: action} of
+        the actions published. A held session or a bad row is refused alone; a poisoned
+        session's action is never published (its guard recovers or holds it)."""
+        obs, active, tags = self._obs, self._active, tags or {}
+        active[:] = False
+        for i, row in rows.items():
+            s, problem = self.sessions[i], None
+            if self.guards[i].held:
+                self.report.refuse(f'{s.label}the state was poisoned (NaN/Inf); call ~/recover, '
+                                   '~/restore or ~/reset_episode (~/reset_session for one '
+                                   'session)', level='error')
+            elif row.shape != (self.dim,):
+                problem = f'observation has shape {row.shape}, expected ({self.dim},) ' \
+                          f'(obs_dim {self.dim})'
+            elif not np.isfinite(row).all():
+                problem = 'observation holds NaN or Inf (first at index ' \
+                          f'{np.argwhere(~np.isfinite(row))[0].tolist()})'
+            else:
+                obs[i], active[i] = row, True
+            if problem:
+                self.report.refuse(s.label + problem, key='observation')
+        if not active.any():
+            return {}
+        engine = self.engine
+        try:
+            actions = engine.step_all(obs, active, [tags.get(i) if active[i] else None
+                                                    for i in range(len(self.sessions))])
+        except FlashRTError as exc:
+            self.report.refuse(str(exc))
+            return {}
+        published = {}
+        for i in np.flatnonzero(active):
+            s, guard = self.sessions[i], self.guards[i]
+            if self.settings.node.poison_check and not engine.last_finite[i]:
+                self.report.poisoned += 1
+                guard.poisoned(actions[i])
+                continue
+            published[i] = action = actions[i].numpy()
+            self.robot.publish_action(s, action)
+            self.robot.publish_commands(s, action)
+            guard.committed()
+        return published
+
+    # -- observations as messages -----------------------------------------------------------------
+
+    def on_vector(self, s, obs):
+        self.tick({s.index: obs})
+
+    def on_joint_observation(self, s, msg):
+        try:
+            obs = self.settings.layout.assemble(0, joint_state=(list(msg.name), msg.position,
+                                                                msg.velocity))
+        except InvalidObservation as exc:
+            self.report.refuse(s.label + str(exc))
+            return
+        self.tick({s.index: obs})
+
+    def on_farm_tick(self, data):
+        """A farm's tick: [sessions, obs_dim] (row-major) -> ~/actions [sessions, act_dim] and
+        each session's ~/<name>/action; a row of NaN skips that session this tick (its state
+        is kept; its row of ~/actions is NaN)."""
+        n = len(self.sessions)
+        if data.size != n * self.dim:
+            self.report.refuse(f'~/observations holds {data.size} values, expected sessions x '
+                               f'obs_dim = {n} x {self.dim}')
+            return
+        rows = data.reshape(n, self.dim)
+        skip = np.isnan(rows).all(axis=1)
+        published = self.tick({i: rows[i] for i in range(n) if not skip[i]})
+        actions = np.full((n, self.engine.act_dim), np.nan, dtype=np.float32)
+        for i, action in published.items():
+            actions[i] = action
+        self.robot.publish_farm_actions(actions)
+
+    # -- terms: assembled from readings -----------------------------------------------------------
+
+    def _tick_terms(self, sessions, tags):
+        rows = {}
+        for s in sessions:
+            get = s.inputs.get
+            raw = {t.name: get('raw:' + t.name, (None,))[0] for t in self.settings.layout.terms
+                   if t.type == 'raw'}
+            try:
+                rows[s.index] = self.settings.layout.assemble(
+                    self.engine.session(s.index).step_index,
+                    joint_state=get('joint_state', (None,))[0], imu=get('imu', (None,))[0],
+                    command=get('command', (None,))[0], raw=raw)
+            except InvalidObservation as exc:
+                self.report.refuse(s.label + str(exc))
+        if rows:
+            self.tick(rows, tags)
+
+    def timer_tick(self):
+        """Robot: a step at control_rate over the newest readings; stale or missing ones refuse
+        that session's step (counted, diagnosed) and nothing new is published for it."""
+        now, limit = time.monotonic(), self.settings.node.max_input_age
+        ready = []
+        for s in self.sessions:
+            for key in self._timer_keys:
+                reading = s.inputs.get(key)
+                if reading is None:
+                    self.report.refuse(f'{s.label}missing input: no {key} received yet')
+                    break
+                if key != 'command' and now - reading[2] > limit:
+                    self.report.refuse(f'{s.label}stale input: {key} is '
+                                       f'{1e3 * (now - reading[2]):.0f} ms old (max_input_age '
+                                       f'{1e3 * limit:.0f} ms)')
+                    break
+            else:
+                ready.append(s)
+        if ready:
+            self._tick_terms(ready, {})
+
+    def on_reading(self, s, key):
+        """Lock-step (simulation): a session is ready on a new joint state, once the IMU reading
+        of the same stamp (if the terms use one) has arrived too, whichever came second. The
+        tick comes when every session that has had readings (and is not held) is ready."""
+        if not self.settings.lockstep:
+            return
+        joint = s.inputs.get('joint_state')
+        if joint is None:
+            return
+        tag = input_tag(joint[1])
+        if tag == s.stepped_tag:
+            self._answered_stamp(s, key, joint[1])
+            return
+        if 'imu' in self.settings.layout.needs:
+            imu = s.inputs.get('imu')
+            if imu is None or imu[1] != joint[1]:
+                return              # wait for the matching IMU reading
+        s.pending = tag
+        waiting = [w for w in self.sessions if w.seen and not self.guards[w.index].held]
+        if all(w.pending for w in waiting):
+            self._tick_pending()
+        elif self._pending_since is None:
+            self._pending_since = time.monotonic()
+
+    def _answered_stamp(self, s, key, stamp):
+        """A reading under the stamp the state answered last: after a restore it is the world
+        re-sending (the command is re-sent); with new values it is a stamping fault."""
+        reading = s.inputs[key]
+        if reading[1] != stamp:
+            return                  # an IMU reading ahead of the joints: wait for them
+        if s.resend:
+            s.answered[key] = reading[0]
+            self._resend_commands(s)
+        elif key in s.answered and not _same_values(s.answered[key], reading[0]):
+            # stepping would break the stamp = state rule, so refuse it, audibly
+            sec, nanosec = stamp
+            self.report.refuse(f'{s.label}stale stamp: a {key} reading with new values '
+                               f'carries stamp {sec}.{nanosec:09d}, already answered; not '
+                               'stepped (lock-step steps once per stamp: the driver must '
+                               'stamp each reading, header.stamp)')
+
+    def _tick_pending(self):
+        ready = [s for s in self.sessions if s.pending and not self.guards[s.index].held]
+        self._pending_since = None
+        if not ready:
+            return
+        tags = {s.index: s.pending for s in ready}
+        for s in ready:
+            s.stepped_tag, s.resend, s.pending = s.pending, False, 0
+            s.answered = {k: s.inputs[k][0] for k in ('joint_state', 'imu') if k in s.inputs}
+        self._tick_terms(ready, tags)
+
+    def lockstep_deadline(self):
+        """A world that stopped publishing must not stall the others: after lockstep_wait the
+        sessions that are ready step without it (the grouping of a tick changes no action:
+        each session's row is computed as if alone)."""
+        since = self._pending_since
+        if since is not None and time.monotonic() - since >= self.settings.node.lockstep_wait:
+            self._tick_pending()
+
+    # -- after the state changed under the node ---------------------------------------------------
+
+    def state_replaced(self, index=None):
+        """After a restore, reset, rollback or recovery of session `index` (None: all): in
+        lock-step, its readings answered the old state and are dropped, and the readings the
+        state answered last are the state's own (the engine's input tag, which capsules and
+        checkpoints carry). A world that re-sends those readings (it never got their command:
+        the node died or was restored in between) gets the command of the state's last action
+        again instead of a second step on the same readings."""
+        if not self.settings.lockstep:
+            return
+        if index is None:
+            self._pending_since = None
+        for s in self.sessions:
+            if index is None or s.index == index:
+                s.forget_readings()
+                s.stepped_tag = self.engine.input_tag(session=s.index)
+                s.resend, s.pending, s.answered = True, 0, {}
+
+    def _resend_commands(self, s):
+        s.resend = False
+        last = self.engine.last_action(session=s.index)
+        if last is None:
+            self.log.warning(f'{s.label}readings of an already answered stamp arrived after a '
+                             "restore, and this policy's state keeps no last action to "
+                             're-send; waiting for new readings')
+            return
+        self.log.info(f"{s.label}readings of the restored state's last stamp arrived again: "
+                      're-sending the commands of its last action')
+        self.robot.publish_action(s, last)
+        self.robot.publish_commands(s, last)

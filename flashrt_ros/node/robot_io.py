@@ -1,0 +1,221 @@
+"""The node's robot-side I/O: per session, its subscriptions, its publishers and its latest
+readings. No decisions: what arrives is stored and handed to the control loop's callbacks;
+what the control loop computes is published here.
+
+A single-session node has one SessionIO under '~/'; session i of a fleet has its own under
+'~/<name>/' (one robot's messages stay standard messages in its own namespace).
+Subscriptions are made in the control callback group (see control_loop.py), so readings are
+taken by the control thread and never wait behind services.
+"""
+from dataclasses import dataclass, field
+import math
+import time
+
+from geometry_msgs.msg import Twist
+import numpy as np
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Imu, JointState
+from std_msgs.msg import Float32MultiArray, Float64MultiArray
+from trajectory_msgs.msg import JointTrajectory
+
+from flashrt_ros.messages import action_message, command_message
+
+COMMAND_TOPICS = {'float64_array': (Float64MultiArray, 'joint_commands'),
+                  'joint_trajectory': (JointTrajectory, 'joint_trajectory')}
+
+
+def stamp_of(msg):
+    return (msg.header.stamp.sec, msg.header.stamp.nanosec)
+
+
+@dataclass
+class SessionIO:
+    """One session's topics, latest readings and lock-step bookkeeping."""
+
+    index: int
+    name: str
+    prefix: str
+    label: str                    # 'session <name>: ' in a fleet, '' alone (log prefixes)
+    inputs: dict = field(default_factory=dict)   # key -> (value, stamp, arrival time)
+    # lock-step: the tag of the readings the state answered last, and whether the state
+    # changed under the node since (then readings of that very stamp get their command re-sent
+    # instead of a second step); pending: the tag of complete readings waiting for the tick
+    stepped_tag: int = 0
+    resend: bool = False
+    pending: int = 0
+    # the values of the readings stepped last (key -> value): a reading of that stamp with
+    # other values is a driver's stamping fault, counted, not a re-send
+    answered: dict = field(default_factory=dict)
+    seen: bool = False            # readings came since activation (lock-step waits for it)
+    action_pub: object = None
+    command_pubs: list = field(default_factory=list)
+
+    def store(self, key, value, stamp=None):
+        self.inputs[key] = (value, stamp, time.monotonic())
+
+    def forget_readings(self):
+        """Readings answer a state; after the state is replaced they are stale. The velocity
+        command is a setting, not a reading: kept."""
+        self.inputs = {k: v for k, v in self.inputs.items() if k == 'command'}
+
+
+class ReadingCounter:
+    """Readings lost before the node saw them: gaps in each input topic's publication
+    sequence numbers. A number at or below the last one is a new or restarted publisher: a
+    new baseline, nothing counted."""
+
+    def __init__(self, on_lost):
+        self._last = {}
+        self._on_lost = on_lost       # (topic, count)
+
+    def saw(self, topic, info):
+        seq = info.get('publication_sequence_number')
+        if seq is None:
+            return              # an rmw without sequence numbers: nothing to count with
+        last = self._last.get(topic)
+        self._last[topic] = seq
+        if last is not None and seq > last + 1:
+            self._on_lost(topic, seq - last - 1)
+
+
+class RobotIO:
+    """Publishers (made at configure) and subscriptions (made at activate) of every session.
+
+    create_publisher / destroy_publisher: the lifecycle node's; create_subscription /
+    destroy_subscription: the node's; guarded(callback, what) wraps a callback as the node
+    runs callbacks (control_loop.py); now() -> builtin_interfaces/Time.
+    """
+
+    def __init__(self, settings, session_names, *, create_publisher, destroy_publisher,
+                 create_subscription, destroy_subscription, now, on_lost):
+        cfg = settings.node
+        self.settings, self.now = settings, now
+        self.qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg.qos_depth,
+                              reliability=(ReliabilityPolicy.RELIABLE
+                                           if cfg.qos_reliability == 'reliable'
+                                           else ReliabilityPolicy.BEST_EFFORT))
+        self._create_sub, self._destroy_sub = create_subscription, destroy_subscription
+        self._destroy_pub = destroy_publisher
+        self.counter = ReadingCounter(on_lost)
+        fleet = len(session_names) > 1
+        self.sessions = [SessionIO(i, n, f'~/{n}/' if fleet else '~/',
+                                   f'session {n}: ' if fleet else '')
+                         for i, n in enumerate(session_names)]
+        action_type = JointState if cfg.observation_type == 'joint_state' and \
+            cfg.action_joint_names else Float32MultiArray
+        self._pubs = []
+
+        def publisher(msg_type, topic):
+            pub = create_publisher(msg_type, topic, self.qos)
+            self._pubs.append(pub)
+            return pub
+        for s in self.sessions:
+            s.action_pub = publisher(action_type, s.prefix + 'action')
+            for output in cfg.command_outputs if settings.terms else ():
+                msg_type, topic = COMMAND_TOPICS[output]
+                s.command_pubs.append(publisher(msg_type, s.prefix + topic))
+        # a farm that assembles its observations: [sessions, obs_dim] in, one tick out
+        self.actions_pub = publisher(Float32MultiArray, '~/actions') \
+            if fleet and cfg.observation_type == 'float32_array' else None
+        self._subs = []
+
+    @property
+    def fleet(self):
+        return len(self.sessions) > 1
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self, loop, group, guarded):
+        """Every session's input topics, each reading handed to `loop` (ControlLoop)."""
+        cfg, layout = self.settings.node, self.settings.layout
+        for s in self.sessions:
+            p = s.prefix
+            s.inputs, s.pending, s.seen = {}, 0, False
+            if cfg.observation_type == 'float32_array':
+                self._subscribe(Float32MultiArray, p + 'observation', group, guarded,
+                                lambda msg, s=s: loop.on_vector(s, _vector(msg)))
+                continue
+            if cfg.observation_type == 'joint_state':
+                self._subscribe(JointState, p + 'observation', group, guarded,
+                                lambda msg, s=s: loop.on_joint_observation(s, msg))
+                continue
+            if 'joint_state' in layout.needs:
+                self._subscribe(JointState, p + 'joint_states', group, guarded,
+                                lambda msg, s=s: self._joint_state(loop, s, msg))
+            if 'imu' in layout.needs:
+                self._subscribe(Imu, p + 'imu', group, guarded,
+                                lambda msg, s=s: self._imu(loop, s, msg))
+            if 'command' in layout.needs:
+                self._subscribe(Twist, p + 'cmd_vel', group, guarded,
+                                lambda msg, s=s: s.store('command', (
+                                    msg.linear.x, msg.linear.y, msg.angular.z)))
+                if cfg.initial_command:
+                    s.inputs['command'] = (tuple(cfg.initial_command), None, math.inf)
+            for term in layout.terms:
+                if term.type == 'raw':
+                    self._subscribe(Float32MultiArray, f'{p}input/{term.name}', group, guarded,
+                                    lambda msg, s=s, key='raw:' + term.name:
+                                    s.store(key, msg.data))
+        if self.actions_pub is not None:
+            self._subscribe(Float32MultiArray, '~/observations', group, guarded,
+                            lambda msg: loop.on_farm_tick(_vector(msg)))
+
+    def _subscribe(self, msg_type, topic, group, guarded, callback):
+        def counted(msg, info):
+            self.counter.saw(topic, info)
+            callback(msg)
+        run = guarded(counted, topic)
+
+        def take(msg, info):    # two named parameters: rclpy then passes the message info
+            run(msg, info)
+        self._subs.append(self._create_sub(msg_type, topic, take, self.qos,
+                                           callback_group=group))
+
+    @staticmethod
+    def _joint_state(loop, s, msg):
+        s.store('joint_state', (list(msg.name), np.asarray(msg.position),
+                                np.asarray(msg.velocity)), stamp_of(msg))
+        s.seen = True
+        loop.on_reading(s, 'joint_state')
+
+    @staticmethod
+    def _imu(loop, s, msg):
+        o, w = msg.orientation, msg.angular_velocity
+        s.store('imu', ((o.x, o.y, o.z, o.w), (w.x, w.y, w.z)), stamp_of(msg))
+        loop.on_reading(s, 'imu')
+
+    def unsubscribe(self):
+        for sub in self._subs:
+            self._destroy_sub(sub)
+        self._subs = []
+
+    # -- outputs ---------------------------------------------------------------------------------
+
+    def publish_action(self, s, action):
+        pub = s.action_pub
+        stamp = self.now() if pub.msg_type is JointState else None
+        pub.publish(action_message(pub.msg_type, action, self.settings.node.action_joint_names,
+                                   stamp))
+
+    def publish_commands(self, s, action):
+        if not s.command_pubs:
+            return
+        targets = self.settings.targets(action)
+        for pub in s.command_pubs:
+            stamp = self.now() if pub.msg_type is JointTrajectory else None
+            pub.publish(command_message(pub.msg_type, targets, self.settings.node.joint_names,
+                                        stamp))
+
+    def publish_farm_actions(self, actions):
+        self.actions_pub.publish(action_message(Float32MultiArray, actions.reshape(-1), [],
+                                                None))
+
+    def release(self):
+        self.unsubscribe()
+        for pub in self._pubs:
+            self._destroy_pub(pub)
+        self._pubs = []
+
+
+def _vector(msg):
+    return np.asarray(msg.data, dtype=np.float32) if len(msg.data) else np.zeros(0, np.float32)

@@ -1,0 +1,147 @@
+"""What a configure reads: the node's typed settings, checked across parameters.
+
+`load_settings(node)` turns the declared parameters (parameters.py) into one `Settings`: the
+node's NodeConfig and the policy's config (typed, read by attribute), the device, the capsule
+directory, the session names and, for joint_state and terms observations, the observation
+layout and joint targets. Every rule that spans several parameters lives here, and each
+refusal names the parameter to change.
+"""
+from dataclasses import dataclass, field
+import os
+import re
+
+import torch
+
+from flashrt_ros.node import parameters
+from flashrt_ros.node.parameters import NodeConfig
+from flashrt_ros.runtime.capsule import load_signing_key
+from flashrt_ros.runtime.engine import PolicyEngine
+from flashrt_ros.runtime.errors import InvalidConfig
+from flashrt_ros.runtime.observation import JointTargets, ObservationLayout
+from flashrt_ros.runtime.policies import build_policy
+
+
+@dataclass
+class Settings:
+    """One configure's settings. `node` is updated in place when a live parameter changes."""
+
+    node: NodeConfig
+    policy: object                    # the policy kind's config (runtime/config.py)
+    device: torch.device
+    capsule_dir: str
+    session_names: list = field(default_factory=list)   # [] for a single session
+    layout: ObservationLayout = None  # joint_state and terms observations
+    targets: JointTargets = None      # terms: actions -> joint commands
+
+    @property
+    def terms(self):
+        return self.node.observation_type == 'terms'
+
+    @property
+    def lockstep(self):
+        return self.terms and self.node.control_mode == 'lockstep'
+
+
+def build_engine(settings):
+    """The PolicyEngine a configure builds (tests build reference engines the same way)."""
+    cfg, layout = settings.node, settings.layout
+    policy = build_policy(settings.policy, device='cpu',
+                          term_history=layout.term_history() if layout else None)
+    return PolicyEngine(policy, device=settings.device, cuda_graph=cfg.cuda_graph,
+                        sessions=cfg.sessions, session_names=settings.session_names or None,
+                        batch_sessions=cfg.batch_sessions, rollback_depth=cfg.rollback_depth,
+                        device_budget=cfg.device_budget_mb << 20,
+                        host_budget=cfg.host_budget_mb << 20, capsule_dir=settings.capsule_dir,
+                        last_action=layout.device_feedback() if layout else None,
+                        signing_key=load_signing_key(cfg.signing_key_file)
+                        if cfg.signing_key_file else None)
+
+
+def _need(ok, name, value, what):
+    if not ok:
+        raise InvalidConfig(f'parameter {name!r} = {value!r}: {what}')
+
+
+def _device(name):
+    if name == 'auto':
+        name = 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    _need(device is not None and device.type in ('cpu', 'cuda'), 'device', name,
+          "must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    _need(device.type != 'cuda' or torch.cuda.is_available(), 'device', name,
+          'CUDA is not available on this machine')
+    return device
+
+
+def _joint_state_layout(cfg, policy):
+    joints = cfg.joint_names
+    _need(len(joints) > 0 and policy.obs_dim in (len(joints), 2 * len(joints)), 'joint_names',
+          joints, 'joint_state observations need obs_dim == len(joint_names) (positions) or '
+          '2 * len(joint_names) (positions then velocities)')
+    _need(len(cfg.action_joint_names) in (0, policy.act_dim), 'action_joint_names',
+          cfg.action_joint_names, 'must be empty or hold act_dim names')
+    # the same by-name reading as the terms' joint_pos / joint_vel, unscaled
+    terms = [{'name': 'joint_pos', 'offset': [0.0]}] + (
+        [{'name': 'joint_vel'}] if policy.obs_dim == 2 * len(joints) else [])
+    return ObservationLayout(terms, joints, [], policy.act_dim)
+
+
+def _terms_layout(node, cfg, policy):
+    joints = cfg.joint_names
+    _need(len(joints) == policy.act_dim, 'joint_names', joints,
+          f'terms: one joint per action (act_dim {policy.act_dim})')
+    _need(len(cfg.default_angles) == len(joints), 'default_angles', cfg.default_angles,
+          'terms: one default angle per joint in joint_names')
+    _need(len(cfg.action_scale) in (1, len(joints)), 'action_scale', cfg.action_scale,
+          'terms: one value, or one per joint')
+    _need(len(cfg.initial_command) in (0, 3), 'initial_command', cfg.initial_command,
+          'empty or (vx, vy, yaw rate)')
+    _need(len(cfg.observation_terms) > 0, 'observation_terms', cfg.observation_terms,
+          "observation_type 'terms' needs the ordered term names")
+    layout = ObservationLayout(parameters.term_specs(node, cfg.observation_terms), joints,
+                               cfg.default_angles, policy.act_dim, cfg.observation_numerics)
+    _need(layout.obs_dim == policy.obs_dim, 'obs_dim', policy.obs_dim,
+          f'the observation terms add up to {layout.obs_dim} values')
+    _need(cfg.control_mode == 'timer' or 'joint_state' in layout.needs, 'control_mode',
+          cfg.control_mode, 'lockstep steps on each new joint state; these terms read none: '
+          "use 'timer'")
+    targets = JointTargets(joints, cfg.default_angles, cfg.action_scale,
+                           cfg.joint_lower_limits, cfg.joint_upper_limits,
+                           cfg.observation_numerics)
+    return layout, targets
+
+
+def _session_names(cfg):
+    if cfg.sessions == 1:
+        _need(not cfg.session_names, 'session_names', cfg.session_names,
+              'names sessions; set sessions')
+        return []
+    # count and distinctness: the engine checks them (build_engine)
+    names = cfg.session_names or [f's{i}' for i in range(cfg.sessions)]
+    bad = [n for n in names if not re.fullmatch(r'[A-Za-z][A-Za-z0-9_]*', n)]
+    _need(not bad, 'session_names', names, f'{bad} are not ROS name tokens (a letter, then '
+          "letters, digits, _): they name each session's topic namespace")
+    return names
+
+
+def load_settings(node):
+    """The node's Settings from its parameters; InvalidConfig names the offending one."""
+    cfg, policy = parameters.read(node)
+    if policy.policy_file:
+        _need(os.path.isfile(policy.policy_file), 'policy_file', policy.policy_file,
+              'no such file')
+    _need(len(set(cfg.joint_names)) == len(cfg.joint_names), 'joint_names', cfg.joint_names,
+          'names a joint twice')
+    layout = targets = None
+    if cfg.observation_type == 'joint_state':
+        layout = _joint_state_layout(cfg, policy)
+    elif cfg.observation_type == 'terms':
+        layout, targets = _terms_layout(node, cfg, policy)
+    # one directory per node: two robots on one machine never share capsules
+    capsule_dir = cfg.capsule_dir or os.path.join(
+        '~', '.ros', 'flashrt_capsules', node.get_fully_qualified_name().lstrip('/'))
+    return Settings(cfg, policy, _device(cfg.device), os.path.expanduser(capsule_dir),
+                    _session_names(cfg), layout, targets)
