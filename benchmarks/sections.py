@@ -236,9 +236,9 @@ def _randomize(e):
     """Random bytes over the whole live state, except the engine's meta counters (step,
     episode, position), which keep their values so the engine's bookkeeping stays true."""
     live = e.arena.live_nbytes(e.position)
-    meta = e.meta.clone()
+    meta = e.arena['meta'].clone()
     e.arena.storage[:live].random_(0, 256)
-    e.meta.copy_(meta)
+    e.arena['meta'].copy_(meta)
 
 
 def _label(n):

@@ -18,8 +18,8 @@ import pytest
 from safetensors.torch import load_file
 import torch
 
-from flashrt_ros.runtime.capsule import (Capsule, CapsuleStore, load_signing_key, Manifest,
-                                         read_file, write_file)
+from flashrt_ros.runtime.capsule import Capsule, CapsuleStore, Manifest
+from flashrt_ros.runtime.capsule_file import load_signing_key, read_file, write_file
 from flashrt_ros.runtime.errors import (BudgetExceeded, CapsuleExists, CorruptCapsule,
                                         IncompatibleCapsule, InvalidConfig, InvalidName,
                                         PathOutsideDirectory, ReservedName, StorageError,

@@ -581,12 +581,14 @@ def test_cuda_copy_paths_agree_bit_for_bit(tmp_path):
 
 def test_history_step_runs_the_smallest_span_covering_the_position(tmp_path):
     e = make_engine(tmp_path, 'history')          # capacity 512
-    assert e.spans == [64, 128, 256, 512] and len(e.graphs) == 4
+    program = e.program
+    assert program.spans == [64, 128, 256, 512] and len(program.graphs) == 4
     for position, span in ((0, 64), (63, 64), (64, 128), (200, 256), (511, 512)):
-        assert e.graphs[e.spans.index(span)] is e._graph_for(position), position
+        assert program.graphs[program.spans.index(span)] is program.graph_for(position), position
     # a span only drops rows the mask hides: actions match the whole-capacity step
     reference = make_engine(tmp_path / 'ref', 'history')
-    reference.spans, reference.graphs = [None], [reference.graph]
+    whole = reference.program
+    whole.spans, whole.graphs = [None], [whole.graph]
     obs = observations(150)
     got = torch.stack([e.step(o) for o in obs])
     want = torch.stack([reference.step(o) for o in obs])
@@ -602,7 +604,7 @@ def test_cuda_span_graphs_equal_eager_bit_for_bit(tmp_path):
     for graph in (True, False):
         e = PolicyEngine(POLICIES['history'](), device='cuda', cuda_graph=graph,
                          capsule_dir=str(tmp_path / str(graph)))
-        assert e.graph_captured == graph and len(e.spans) == 4
+        assert e.graph_captured == graph and len(e.program.spans) == 4
         runs.append(torch.stack([e.step(o) for o in obs]))      # crosses 64, 128 and 256
     assert torch.equal(runs[0], runs[1])
 

@@ -224,7 +224,7 @@ def test_isaac_lab_onnx_through_the_engine(files, tmp_path, case, exporter):
     start = time.perf_counter()
     for k, obs in enumerate(observations):
         if k == SNAP:
-            assert engine.snapshot('s').ok
+            assert engine.snapshot('s').manifest.step == SNAP
         actions.append(engine.step(obs).numpy())
     step_us = (time.perf_counter() - start) / STEPS * 1e6
     actions = np.stack(actions)
@@ -244,7 +244,7 @@ def test_isaac_lab_onnx_through_the_engine(files, tmp_path, case, exporter):
     assert bitwise, f'engine vs torch module: max abs diff {torch_diff}'
 
     # the capsule at step 100 holds everything that decides the next action
-    assert engine.restore('s').ok
+    assert engine.restore('s').step == SNAP
     replay = np.stack([engine.step(obs).numpy() for obs in observations[SNAP:SNAP + REPLAY]])
     assert np.array_equal(replay, actions[SNAP:SNAP + REPLAY])
     # and a new episode starts from the file's initial state (zeros) again
@@ -433,14 +433,15 @@ def _refused_after(files, monkeypatch, onnx_policy, spoil, match):
     # the real converter, then `spoil` edits the converted module in place: the load-time
     # check against the ONNX reference must refuse the file with `match`
     path = files('mlp_elu_norm')[0]
-    onnx_module, convert, operations, real = onnx_policy._converter()
+    onnx_module, convert, operations, real = onnx_policy.converter()
 
     def spoiled(model, **kwargs):
         module = convert(model, **kwargs)
         spoil(module)
         return module
 
-    monkeypatch.setattr(onnx_policy, '_converter',
+    # patched where from_onnx looks it up
+    monkeypatch.setattr(onnx_policy, 'converter',
                         lambda: (onnx_module, spoiled, operations, real))
     with pytest.raises(InvalidConfig, match=match):
         make_policy('mlp', OBS, ACT, file=str(path))
@@ -472,9 +473,9 @@ def test_cuda_graph_matches_eager(files, tmp_path, case):
         actions = []
         for k, obs in enumerate(observations):
             if k == SNAP:
-                assert engine.snapshot('s').ok
+                assert engine.snapshot('s').manifest.step == SNAP
             actions.append(engine.step(obs).numpy())
-        assert engine.restore('s').ok
+        assert engine.restore('s').step == SNAP
         replay = [engine.step(obs).numpy() for obs in observations[SNAP:SNAP + REPLAY]]
         assert np.array_equal(np.stack(replay), np.stack(actions[SNAP:SNAP + REPLAY]))
         runs[captured] = np.stack(actions)

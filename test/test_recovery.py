@@ -21,7 +21,7 @@ from test_capsule import fill, tmpfs  # noqa: E402
 
 from diagnostic_msgs.msg import DiagnosticStatus  # noqa: E402
 from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
-from flashrt_ros.runtime.capsule import read_file  # noqa: E402
+from flashrt_ros.runtime.capsule_file import read_file  # noqa: E402
 
 CHECKPOINTS = dict(RECURRENT, checkpoint_every=5, checkpoint_keep=2)
 
@@ -261,7 +261,8 @@ def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
 
 WRITER = '''
 import sys, time, torch
-from flashrt_ros.runtime.capsule import Manifest, write_file
+from flashrt_ros.runtime.capsule import Manifest
+from flashrt_ros.runtime.capsule_file import write_file
 data = torch.arange(8 << 20, dtype=torch.int64).to(torch.uint8)   # 8 MB
 i = 0
 while True:

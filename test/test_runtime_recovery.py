@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from flashrt_ros.runtime.capsule import load_signing_key, write_file
+from flashrt_ros.runtime.capsule_file import load_signing_key, write_file
 from flashrt_ros.runtime.engine import EPISODE_START, PolicyEngine
 from flashrt_ros.runtime.errors import (FlashRTError, InvalidConfig, ReservedName,
                                         StorageError)
@@ -148,7 +148,7 @@ def test_verdict_scrub_and_recover_fallbacks(tmp_path):
     assert 'hidden_state' in r.verdict(e.step(obs[4])) and r.scrub
     calls = []
     clear = e.clear_beyond_position
-    e.clear_beyond_position = lambda: calls.append(1) or clear()
+    e.clear_beyond_position = lambda **session: calls.append(1) or clear(**session)
     result = r.recover()
     assert "'checkpoint-00000002'" in result.message and 'skipped: checkpoint-00000003' in \
         result.message

@@ -55,11 +55,11 @@ def _check_episode(engine, frames, want, label):
     '''The run equals `want` bit for bit; a capsule at SNAP (window included) replays the
     next REPLAY steps exactly; reset_episode starts from a zero window again.'''
     first = _run(engine, frames[:SNAP])
-    assert engine.snapshot('mid').ok
+    assert engine.snapshot('mid').manifest.step == SNAP
     got = torch.cat([first, _run(engine, frames[SNAP:])])
     diff = (got.double() - want.double()).abs().max().item()
     assert torch.equal(got, want), f'{label}: not bit-identical, max abs diff {diff:.3g}'
-    assert engine.restore('mid').ok
+    assert engine.restore('mid').step == SNAP
     assert torch.equal(_run(engine, frames[SNAP:SNAP + REPLAY]), got[SNAP:SNAP + REPLAY])
     engine.reset_episode()
     assert torch.equal(_run(engine, frames[:REPLAY]), got[:REPLAY]), f'{label}: after reset'

@@ -1,8 +1,12 @@
-"""StateArena: one allocation, aligned typed views, contiguous live prefix, unpack."""
+"""StateArena: one allocation, aligned typed views, contiguous live prefix, unpack; the
+runtime's names (enums.py) travel as their strings."""
+
+import json
 
 import pytest
 import torch
 
+from flashrt_ros.runtime.enums import Growth, PolicyKind, Tier
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.state import BufferSpec, StateArena
 from flashrt_ros.runtime.transfer import Transfer
@@ -91,6 +95,19 @@ def test_live_bytes_grow_with_position_not_capacity():
 def test_schema_digest_tracks_layout():
     assert make_arena().schema_digest == make_arena().schema_digest
     assert make_arena(64).schema_digest != make_arena(65).schema_digest
+
+
+def test_names_are_their_strings():
+    """ROS messages, parameters, manifests and capsule files carry plain strings, and digests
+    hash reprs: a member must be its string in every way a caller can look at it."""
+    for member in (*PolicyKind, *Tier, *Growth):
+        value = member.value
+        assert isinstance(member, str) and member == value and {value: 1}[member] == 1
+        assert (str(member), f'{member}', repr(member)) == (value, value, repr(value))
+        assert json.dumps([member]) == json.dumps([value])
+    spec = BufferSpec('k', (4, 2), torch.float32, 'kv', 'append')
+    assert spec.growth is Growth.APPEND and spec == BufferSpec('k', (4, 2), torch.float32,
+                                                               'kv', Growth.APPEND)
 
 
 def test_bad_specs_refused():

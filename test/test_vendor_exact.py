@@ -140,7 +140,7 @@ def node_run(readings, settings, **numerics):
                               settings['initial_command'])
         action = engine.step(obs).numpy()
         # the policy's input: last_action filled from the arena inside the step
-        out.append((engine.obs_buf[0].numpy().copy(), action, targets(action)))
+        out.append((engine.program.obs_buf[0].numpy().copy(), action, targets(action)))
     return out
 
 

@@ -68,16 +68,15 @@ class PolicyNode(LifecycleNode):
         self.parameter_handler = ParameterHandler(self, self.lock)
         self.parameter_handler.on_update('status_period', self._restart_status_timer)
         for name in _CHECKPOINT_SETTINGS:
-            self.parameter_handler.on_update(name, lambda _: [g.settings_changed()
-                                                       for g in self.parts.guards])
+            self.parameter_handler.on_update(name, self._checkpoint_settings_changed)
         self._activations = 0
         self._control_group = ControlGroup()
         self._control = ControlThread(self, self._control_group)
         self._timers = []               # control timers (control group)
         self._status_timer = self.status_pub = self.diagnostics_pub = None
-        self.capsule_services = CapsuleServices(self.get_name(), self.get_logger(), self.lock,
-                                        lambda: self.parts, lambda: self.state,
-                                        self.create_service, ReentrantCallbackGroup())
+        self.capsule_services = CapsuleServices(
+            self.get_name(), self.get_logger(), self.lock, lambda: self.parts,
+            lambda: self.state, self.create_service, ReentrantCallbackGroup())
         # rclpy (Jazzy) serves a change_state request by transition id that the current state
         # does not offer (configure while active) by raising RCLError out of the callback: the
         # caller never gets an answer. Refuse it with success=False first.
@@ -259,6 +258,10 @@ class PolicyNode(LifecycleNode):
                 except Exception as exc:  # noqa: B902 - a callback must never kill the node
                     self.report.callback_failed(what, exc)
         return guarded
+
+    def _checkpoint_settings_changed(self, _):
+        for guard in self.parts.guards:
+            guard.settings_changed()
 
     def _restart_status_timer(self, period):
         if self._status_timer is not None:

@@ -14,7 +14,7 @@ import torch
 
 from flashrt_ros.node import parameters
 from flashrt_ros.node.parameters import NodeConfig
-from flashrt_ros.runtime.capsule import load_signing_key
+from flashrt_ros.runtime.capsule_file import load_signing_key
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.observation import JointTargets, ObservationLayout

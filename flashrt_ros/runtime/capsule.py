@@ -2,49 +2,25 @@
 
 Bookkeeping (names, tiers, budgets, LRU order, manifests) is plain Python; the only tensor
 work is moving a capsule's bytes between tiers and files. Tiers: device -> pinned host -> disk.
-
-Disk format (`<name>.capsule` by default): a safetensors file with one tensor 'state'
-(uint8 [nbytes]) and metadata
-{'format', 'manifest' (JSON), 'checksum' (sha256 over the manifest fields and the bytes)}, plus
-'hmac_sha256' (HMAC-SHA256 of the checksum under the store's signing key) when the store has a
-key. With a key, load refuses unsigned or wrongly signed files; without one, the signature is
-ignored and the checksum still guards integrity.
-
-OS errors (permission, disk full, read-only, not a file, name too long) become StorageError
-with the path and a remedy. Names starting with CHECKPOINT_PREFIX belong to the recovery
-checkpoints (runtime/recovery.py): creating one needs `allow_reserved()`.
+Files are written and read (checksums, signatures) by capsule_file.py; which names and files
+a capsule may take, the checkpoint namespace included, is capsule_names.py's.
 """
 
 import contextlib
-import errno
 import functools
-import hashlib
-import hmac
-import json
 import os
-import re
-import stat
-import struct
-import tempfile
 import threading
 from typing import NamedTuple
 
 import torch
-from safetensors import safe_open
 
+from .capsule_file import checked_signing_key, read_file, write_file
+from .capsule_names import CapsuleNames, check_name
+from .enums import Tier
 from .errors import (BudgetExceeded, CapsuleExists, CorruptCapsule, IncompatibleCapsule,
-                     InvalidConfig, InvalidName, PathOutsideDirectory, ReservedName,
-                     StorageError, UnknownCapsule, UntrustedCapsule)
+                     StorageError, UnknownCapsule)
 
-FORMAT = 'flashrt-capsule/1'
-TIERS = ('device', 'host', 'disk')
-SUFFIX = '.capsule'     # save's default file: <capsule_dir>/<name>.capsule
-CHECKPOINT_PREFIX = 'checkpoint-'   # reserved for the recovery checkpoints (and their files)
-MIN_KEY_BYTES = 16      # a signing key shorter than this is refused as a mistake
-_NAME = re.compile(r'[A-Za-z0-9_.-]{1,128}')
-# Fields the checksum covers: tier, pinned and checksum itself are store-local, not content.
-_CHECKED_FIELDS = ('name', 'parent', 'step', 'episode', 'position', 'nbytes',
-                   'schema_digest', 'model_digest', 'created')
+TIERS = tuple(Tier)
 
 
 class Manifest(NamedTuple):
@@ -55,7 +31,7 @@ class Manifest(NamedTuple):
 
     name: str
     parent: str
-    tier: str                # 'device' | 'host' | 'disk'
+    tier: Tier               # or its string: a manifest read from a file holds that
     pinned: bool
     step: int
     episode: int
@@ -76,46 +52,6 @@ class Capsule:
         self.path = path     # file when tier == 'disk'
 
 
-def checksum(manifest, data):
-    """sha256 over the content fields of the manifest and the bytes (a CPU uint8 tensor)."""
-    h = hashlib.sha256()
-    fields = {k: getattr(manifest, k) for k in _CHECKED_FIELDS}
-    h.update(json.dumps(fields, sort_keys=True).encode())
-    h.update(data.contiguous().numpy())     # the buffer itself: no copy of a large capsule
-    return h.hexdigest()
-
-
-def signature(key, digest):
-    """HMAC-SHA256 under `key` of a capsule's checksum (which already covers the manifest's
-    content fields and every byte), with the format as a domain separator."""
-    return hmac.new(key, f'{FORMAT}\n{digest}'.encode(), hashlib.sha256).hexdigest()
-
-
-def load_signing_key(path):
-    """The signing key: the bytes of file `path`, exactly (e.g. `head -c 32 /dev/urandom`).
-
-    StorageError when it cannot be read, InvalidConfig when shorter than MIN_KEY_BYTES.
-    """
-    path = os.path.expanduser(path)
-    try:
-        with open(path, 'rb') as f:
-            key = f.read()
-    except OSError as e:
-        raise StorageError.from_os_error(e, path, 'read signing key file') from e
-    if len(key) < MIN_KEY_BYTES:
-        raise InvalidConfig(
-            f'signing key file {path!r} holds {len(key)} bytes; use at least {MIN_KEY_BYTES} '
-            'random bytes, e.g. head -c 32 /dev/urandom > key && chmod 600 key')
-    return key
-
-
-def _name_max(folder):
-    try:
-        return os.pathconf(folder, 'PC_NAME_MAX')
-    except (OSError, ValueError):
-        return 255
-
-
 def check_compatible(manifest, schema_digest=None, model_digest=None):
     """Raise IncompatibleCapsule naming which digest differs (first 12 hex chars of both)."""
     if schema_digest is not None and manifest.schema_digest != schema_digest:
@@ -127,132 +63,6 @@ def check_compatible(manifest, schema_digest=None, model_digest=None):
         raise IncompatibleCapsule(
             f'capsule {manifest.name!r} was taken with model digest '
             f'{manifest.model_digest[:12]} but the loaded policy is {model_digest[:12]}')
-
-
-def _header(meta, nbytes):
-    """The safetensors header of one uint8 tensor 'state': 8-byte little-endian length, JSON,
-    space padding to a multiple of 8 (as safetensors writes it)."""
-    body = json.dumps({'__metadata__': meta,
-                       'state': {'dtype': 'U8', 'shape': [nbytes], 'data_offsets': [0, nbytes]}},
-                      sort_keys=True, separators=(',', ':')).encode()
-    body += b' ' * (-len(body) % 8)
-    return struct.pack('<Q', len(body)) + body
-
-
-def write_file(path, manifest, data, key=None):
-    """Write a capsule file atomically: temp file in the same directory, fsync, os.replace.
-
-    Returns the checksum written. A crash leaves either the old file or the new one. Signed
-    with HMAC-SHA256 when `key` (bytes) is given. OS errors raise StorageError (temp file
-    removed). The file is written here rather than by safetensors.save_file, whose errors carry
-    no errno (a full disk surfaced as a SafetensorError string), and from the tensor's own
-    buffer, with no serialised copy of it.
-    """
-    host = data.detach().to('cpu').contiguous()
-    digest = checksum(manifest, host)
-    meta = {'format': FORMAT, 'checksum': digest,
-            'manifest': json.dumps(manifest._replace(checksum=digest)._asdict(),
-                                   sort_keys=True)}
-    if key is not None:
-        meta['hmac_sha256'] = signature(key, digest)
-    folder = os.path.dirname(path)
-    doing = 'write capsule file'
-    try:
-        os.makedirs(folder, exist_ok=True)
-        # Refuse before writing the bytes, not at the rename after writing them all.
-        if len(os.fsencode(os.path.basename(path))) > _name_max(folder):
-            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), path)
-        if os.path.isdir(path):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        fd, tmp = tempfile.mkstemp(prefix='.tmp-', suffix='.safetensors', dir=folder)
-    except OSError as e:
-        raise StorageError.from_os_error(e, path, doing) from e
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(_header(meta, host.numel()))
-            f.write(host.numpy().data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise StorageError.from_os_error(e, path, doing) from e
-        raise
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)   # make the rename itself durable
-        finally:
-            os.close(dfd)
-    except OSError as e:
-        raise StorageError.from_os_error(e, folder, 'sync capsule directory') from e
-    return digest
-
-
-def _check_readable(path):
-    """Refuse, with the reason, what safetensors would misreport: it calls a file it may not
-    read 'missing', and a directory or an empty file 'unreadable'."""
-    try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if not stat.S_ISREG(st.st_mode):
-            raise StorageError(f'cannot read capsule file {path!r}: it is not a regular file; '
-                               'name a capsule file instead', path)
-        with open(path, 'rb'):
-            pass
-    except FileNotFoundError as e:
-        raise CorruptCapsule(f'capsule file {path!r} is missing') from e
-    except OSError as e:
-        raise StorageError.from_os_error(e, path, 'read capsule file') from e
-    if st.st_size == 0:
-        raise CorruptCapsule(f'capsule file {path!r} is empty (0 bytes): an interrupted copy?')
-
-
-def read_file(path, key=None):
-    """Read and verify a capsule file; returns (Manifest, CPU uint8 tensor).
-
-    CorruptCapsule (missing, truncated, checksum), StorageError (permission, not a file),
-    UntrustedCapsule (a `key` is given and the file is unsigned or signed with another key).
-    """
-    _check_readable(path)
-    try:
-        with safe_open(path, framework='pt') as f:
-            meta = f.metadata() or {}
-            data = f.get_tensor('state')
-    except FileNotFoundError as e:
-        raise CorruptCapsule(f'capsule file {path!r} is missing') from e
-    except Exception as e:   # safetensors raises several types for truncated/garbled headers
-        raise CorruptCapsule(f'capsule file {path!r} is truncated or unreadable: {e}') from e
-    if meta.get('format') != FORMAT:
-        raise CorruptCapsule(f'capsule file {path!r} is not a {FORMAT} file')
-    try:
-        manifest = Manifest(**json.loads(meta['manifest']))
-    except Exception as e:
-        raise CorruptCapsule(f'capsule file {path!r} has an unreadable manifest: {e}') from e
-    if data.dtype != torch.uint8 or data.dim() != 1 or data.numel() != manifest.nbytes:
-        raise CorruptCapsule(
-            f'capsule file {path!r} holds {data.numel()} {data.dtype} values, '
-            f'manifest says {manifest.nbytes} bytes')
-    actual = checksum(manifest, data)
-    if actual != meta.get('checksum') or actual != manifest.checksum:
-        raise CorruptCapsule(
-            f'capsule file {path!r} failed its checksum: stored {meta.get("checksum", "")[:12]}, '
-            f'computed {actual[:12]} (the file was modified or damaged)')
-    if key is not None:
-        signed = meta.get('hmac_sha256', '')
-        if not signed:
-            raise UntrustedCapsule(
-                f'capsule file {path!r} is not signed, and this store requires signed files '
-                '(a signing key is configured); if you trust it, load it into a store without '
-                'a key and save it again with the key')
-        if not hmac.compare_digest(signed.encode(), signature(key, actual).encode()):
-            raise UntrustedCapsule(
-                f'capsule file {path!r} is signed with another key than the configured one '
-                '(or the signature was forged); not loaded')
-    return manifest, data
 
 
 def _locked(method):
@@ -280,23 +90,16 @@ class CapsuleStore:
         self.device = torch.device(device)
         self.device_budget = int(device_budget)
         self.host_budget = int(host_budget)
-        self.directory = os.path.realpath(directory)
-        if signing_key is not None:
-            signing_key = bytes(signing_key)
-            if len(signing_key) < MIN_KEY_BYTES:
-                raise InvalidConfig(f'signing key of {len(signing_key)} bytes; use at least '
-                                    f'{MIN_KEY_BYTES} random bytes')
-        self._key = signing_key
+        self.names = CapsuleNames(directory)
+        self.directory = self.names.directory
+        self._key = None if signing_key is None else checked_signing_key(signing_key)
         # integrated: the device shares the host's memory (cudaDevAttrIntegrated); moving a
         # capsule to the host tier then needs no copy (_demote), only the budget changes
         self.integrated = bool(integrated)
         # Where each budget tier's bytes live. On a CPU engine 'device' memory is host memory,
         # and reporting it as 'device' told people their capsules sat on a GPU.
-        self._reported = {'device': 'host' if self.device.type == 'cpu' else 'device',
-                          'host': 'host', 'disk': 'disk'}
-        # Per thread, so that a service call on another executor thread never borrows the
-        # recovery collaborator's permission to create checkpoint names.
-        self._reserved_ok = threading.local()
+        self._reported = {Tier.DEVICE: Tier.HOST if self.device.type == 'cpu' else Tier.DEVICE,
+                          Tier.HOST: Tier.HOST, Tier.DISK: Tier.DISK}
         self._capsules = {}    # name -> Capsule
         self._used = {}        # name -> LRU tick (higher = more recent)
         self._tick = 0
@@ -313,37 +116,18 @@ class CapsuleStore:
         """True when files are signed on save and signatures are required on load."""
         return self._key is not None
 
-    @staticmethod
-    def check_name(name):
-        """Names are [A-Za-z0-9_.-]{1,128} and not '.' or '..', so they are safe as file names."""
-        if not isinstance(name, str) or not _NAME.fullmatch(name) or name in ('.', '..'):
-            raise InvalidName(
-                f'capsule name {name!r} is not allowed: use 1-128 characters from '
-                '[A-Za-z0-9_.-], not "." or ".."')
+    check_name = staticmethod(check_name)
 
     def validate_name(self, name):
-        """A name a new capsule may take: check_name, and not in the checkpoint namespace
-        unless inside allow_reserved() on this thread (ReservedName)."""
-        self.check_name(name)
-        if name.startswith(CHECKPOINT_PREFIX) and not self._reserved_allowed():
-            raise ReservedName(
-                f'capsule name {name!r} is reserved: names starting with {CHECKPOINT_PREFIX!r} '
-                'belong to the periodic recovery checkpoints (a capsule there would be pruned '
-                'as one, or chosen by recover); choose another name')
-
-    def _reserved_allowed(self):
-        return getattr(self._reserved_ok, 'depth', 0) > 0
+        """A name a new capsule may take (CapsuleNames.validate)."""
+        self.names.validate(name)
 
     @contextlib.contextmanager
     def allow_reserved(self):
         """Within this block, on this thread only, names and capsule files in the checkpoint
         namespace may be created: for the recovery collaborator (checkpoints, resume)."""
-        depth = getattr(self._reserved_ok, 'depth', 0)
-        self._reserved_ok.depth = depth + 1
-        try:
+        with self.names.allow_reserved():
             yield self
-        finally:
-            self._reserved_ok.depth = depth
 
     def _touch(self, name):
         self._tick += 1
@@ -356,15 +140,15 @@ class CapsuleStore:
     @property
     @_locked
     def device_bytes_used(self):
-        return self._bytes_in('device')
+        return self._bytes_in(Tier.DEVICE)
 
     @property
     @_locked
     def host_bytes_used(self):
-        return self._bytes_in('host')
+        return self._bytes_in(Tier.HOST)
 
     def _budget(self, tier):
-        return self.device_budget if tier == 'device' else self.host_budget
+        return self.device_budget if tier == Tier.DEVICE else self.host_budget
 
     def __contains__(self, name):
         return name in self._capsules
@@ -416,7 +200,7 @@ class CapsuleStore:
         The spill file goes first: if it cannot be removed (StorageError), the capsule stays.
         """
         capsule = self.get(name)
-        if capsule.manifest.tier == 'disk' and capsule.path:
+        if capsule.manifest.tier == Tier.DISK and capsule.path:
             try:
                 os.unlink(capsule.path)
             except FileNotFoundError:
@@ -461,7 +245,7 @@ class CapsuleStore:
     def _demote(self, name):
         capsule = self._capsules[name]
         m = capsule.manifest
-        if m.tier == 'device':
+        if m.tier == Tier.DEVICE:
             if capsule.data.device.type == 'cpu' or self.integrated:
                 # already host memory (a CPU engine, or an integrated GPU such as Jetson
                 # Thor's, whose device memory is the host's DRAM): a relabel, no copy
@@ -471,11 +255,12 @@ class CapsuleStore:
                 # host->device restores can run asynchronously.
                 host = torch.empty(m.nbytes, dtype=torch.uint8, pin_memory=self._pin)
                 host.copy_(capsule.data)
-            self._capsules[name] = Capsule(m._replace(tier='host'), host)
+            self._capsules[name] = Capsule(m._replace(tier=Tier.HOST), host)
         else:
             path = os.path.join(self.directory, '.spill', f'{name}.safetensors')
             digest = write_file(path, m, capsule.data, self._key)
-            self._capsules[name] = Capsule(m._replace(tier='disk', checksum=digest), None, path)
+            self._capsules[name] = Capsule(m._replace(tier=Tier.DISK, checksum=digest), None,
+                                           path)
 
     @_locked
     def put(self, capsule, overwrite=False):
@@ -488,17 +273,17 @@ class CapsuleStore:
         self.validate_name(m.name)
         if m.name in self._capsules and not overwrite:
             raise CapsuleExists(f'capsule {m.name!r} exists; pass overwrite to replace it')
-        if m.tier not in TIERS or (m.pinned and m.tier == 'disk'):
+        if m.tier not in TIERS or (m.pinned and m.tier == Tier.DISK):
             raise BudgetExceeded(f'capsule {m.name!r} cannot live in tier {m.tier!r}')
         old = self._capsules.get(m.name)
-        if m.tier == 'disk' or (old is not None and old.manifest.tier == m.tier
-                                and old.manifest.nbytes >= m.nbytes):
+        if m.tier == Tier.DISK or (old is not None and old.manifest.tier == m.tier
+                                   and old.manifest.nbytes >= m.nbytes):
             moves = []      # an overwrite that fits in its predecessor's room demotes nothing
         else:
             moves = self._plan(m.tier, m.nbytes, skip=m.name)
         for name, _ in moves:
             self._demote(name)
-        if old is not None and old.manifest.tier == 'disk' and old.path != capsule.path:
+        if old is not None and old.manifest.tier == Tier.DISK and old.path != capsule.path:
             # A stale spill file costs disk only; failing the put over it would refuse a
             # capsule that is already placed.
             with contextlib.suppress(OSError):
@@ -526,16 +311,6 @@ class CapsuleStore:
 
     # -- files ---------------------------------------------------------------------------------
 
-    def resolve(self, path, default=''):
-        """Absolute path under the capsule directory; PathOutsideDirectory otherwise."""
-        path = path or default
-        full = os.path.realpath(os.path.join(self.directory, os.path.expanduser(path)))
-        if os.path.commonpath([full, self.directory]) != self.directory or full == self.directory:
-            raise PathOutsideDirectory(
-                f'path {path!r} resolves to {full!r}, outside the capsule directory '
-                f'{self.directory!r}')
-        return full
-
     @_locked
     def save(self, name, path=''):
         """Write capsule `name` atomically; returns (absolute path, bytes of the file).
@@ -545,14 +320,7 @@ class CapsuleStore:
         one) outside allow_reserved().
         """
         capsule = self.get(name)
-        full = self.resolve(path, name + SUFFIX)
-        base = os.path.basename(full)
-        if (os.path.dirname(full) == self.directory and base.startswith(CHECKPOINT_PREFIX)
-                and base != name + SUFFIX and not self._reserved_allowed()):
-            raise ReservedName(
-                f'file name {base!r} is reserved: {CHECKPOINT_PREFIX}* files in the capsule '
-                'directory are recovery checkpoints (restore_on_start would resume from it); '
-                'choose another file name')
+        full = self.names.save_path(name, path)
         data = self.held(capsule)
         digest = write_file(full, capsule.manifest, data, self._key)
         capsule.manifest = capsule.manifest._replace(checksum=digest)
@@ -570,16 +338,7 @@ class CapsuleStore:
         budget. Any refusal leaves the store unchanged. The returned manifest reports its
         tier as list() does.
         """
-        if not path:
-            raise UnknownCapsule('load needs a capsule file path')
-        full = self.resolve(path, '')
-        try:
-            os.stat(full)
-        except FileNotFoundError:
-            raise UnknownCapsule(f'no capsule file at {full!r}') from None
-        except OSError as e:    # permission on a directory on the way, name too long, ...
-            raise StorageError.from_os_error(e, full, 'read capsule file') from e
-        manifest, data = read_file(full, self._key)
+        manifest, data = read_file(self.names.load_path(path), self._key)
         check_compatible(manifest, schema_digest, model_digest)
         name = name or manifest.name
         self.validate_name(name)
@@ -588,6 +347,6 @@ class CapsuleStore:
         data = data.to(self.device)
         # The stored checksum covers the file's name; a renamed copy is unsaved until save().
         digest = manifest.checksum if name == manifest.name else ''
-        m = manifest._replace(name=name, tier='device', pinned=False, checksum=digest)
+        m = manifest._replace(name=name, tier=Tier.DEVICE, pinned=False, checksum=digest)
         self.put(Capsule(m, data), overwrite=overwrite)
         return self.reported(m)

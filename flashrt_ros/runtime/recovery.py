@@ -5,6 +5,8 @@ what to log and publish, and whether a poisoned step recovers at once or holds.
 
 Checkpoints are host-tier capsules named checkpoint-<sequence> (zero-padded to 8 digits, more
 when it grows), written with checkpoint_to_disk to <capsule_dir>/checkpoint-<sequence>.capsule.
+A session of a multi-session engine has its own: checkpoint-<session name>-<sequence> (session
+names start with a letter, so the two patterns never meet).
 The sequence number, never a name's sort order or a file's mtime, says which is newest. Only
 this class creates names in that namespace (CapsuleStore.allow_reserved()); user capsules are
 refused there, so pruning and recover() never touch one.
@@ -16,28 +18,35 @@ import stat
 
 import torch
 
-from .capsule import CHECKPOINT_PREFIX, SUFFIX
+from .capsule_names import CHECKPOINT_PREFIX, SUFFIX
 from .engine import EPISODE_START
 from .errors import FlashRTError, InvalidConfig, StorageError
 
 _SEQUENCE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'([0-9]{1,18})')
+_SESSION_FILE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'[A-Za-z][A-Za-z0-9_]*-[0-9]{1,18}' +
+                           re.escape(SUFFIX))
 
 
-def checkpoint_name(sequence):
-    """'checkpoint-00000042' for sequence 42."""
-    return f'{CHECKPOINT_PREFIX}{sequence:08d}'
+def checkpoint_name(sequence, session=''):
+    """'checkpoint-00000042' for sequence 42; 'checkpoint-s1-00000042' for session 's1'."""
+    return f'{CHECKPOINT_PREFIX}{session + "-" if session else ""}{sequence:08d}'
 
 
-def checkpoint_sequence(name):
-    """The sequence number of a checkpoint capsule name (or file name with SUFFIX), else None."""
+def checkpoint_sequence(name, session=''):
+    """The sequence number of a checkpoint capsule name (or file name with SUFFIX) of
+    `session` ('' for a single-session engine's), else None."""
     if name.endswith(SUFFIX):
         name = name[:-len(SUFFIX)]
+    if session:
+        name = name.replace(f'{CHECKPOINT_PREFIX}{session}-', CHECKPOINT_PREFIX, 1) \
+            if name.startswith(f'{CHECKPOINT_PREFIX}{session}-') else ''
     match = _SEQUENCE.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
 class Recovery:
-    """Checkpoints, poison verdict, recover and resume for one PolicyEngine.
+    """Checkpoints, poison verdict, recover and resume for one PolicyEngine (or, with
+    `session`, one session of a multi-session engine: its checkpoints, its state).
 
     every: a checkpoint every N committed steps (0: off; see due()); keep: newest checkpoints
     kept, in memory and on disk; to_disk: also write each one to the capsule directory.
@@ -46,8 +55,10 @@ class Recovery:
     Not thread-safe by itself: call it from the thread that steps the engine.
     """
 
-    def __init__(self, engine, every=0, keep=3, to_disk=False, logger=None):
+    def __init__(self, engine, every=0, keep=3, to_disk=False, logger=None, session=None):
         self.engine = engine
+        self.session = session       # an index, or None: the engine's only session
+        self._tag = engine.session_names[session] if session is not None else ''
         self.log = logger or logging.getLogger(__name__)
         self.sequence = 0            # newest checkpoint taken, or found in the directory
         self.taken = 0               # checkpoints taken (and written, with to_disk)
@@ -75,13 +86,13 @@ class Recovery:
 
     def due(self):
         """True when the step just committed should be followed by a checkpoint."""
-        step = self.engine.step_index
+        step = self.engine.session(self.session).step_index
         return self.every > 0 and step > 0 and step % self.every == 0
 
     def checkpoints(self):
         """[(sequence, name)] of the checkpoints in the store, newest (highest sequence) first."""
         # placement(): names without copying every manifest (this runs at each checkpoint)
-        found = ((checkpoint_sequence(n), n) for n in self.engine.store.placement())
+        found = ((checkpoint_sequence(n, self._tag), n) for n in self.engine.store.placement())
         return sorted(((s, n) for s, n in found if s is not None), reverse=True)
 
     def checkpoint(self):
@@ -93,17 +104,18 @@ class Recovery:
         memory, usable by recover(). Either way, at most `keep` checkpoints stay in memory and
         on disk, so failing writes never pile up.
         """
-        engine = self.engine
+        engine, session = self.engine, self.session
         name = ''
         try:
-            bad = engine.nonfinite_buffers()
+            bad = engine.nonfinite_buffers(session=session)
             if bad:
-                raise FlashRTError(f'checkpoint skipped at step {engine.step_index}: the live '
-                                   f'state holds NaN/Inf in {", ".join(bad)}')
+                raise FlashRTError(f'checkpoint skipped at step '
+                                   f'{engine.session(session).step_index}: the live state '
+                                   f'holds NaN/Inf in {", ".join(bad)}')
             self.sequence += 1
-            name = checkpoint_name(self.sequence)
+            name = checkpoint_name(self.sequence, self._tag)
             with engine.store.allow_reserved():
-                result = engine.snapshot(name, overwrite=True, tier='host')
+                result = engine.snapshot(name, overwrite=True, tier='host', session=session)
                 if self.to_disk:
                     result.path = engine.save(name).path
                     self._written(self.sequence, os.path.basename(result.path))
@@ -139,7 +151,7 @@ class Recovery:
             except OSError:
                 entries = []
             for entry in entries:
-                sequence = checkpoint_sequence(entry.name) \
+                sequence = checkpoint_sequence(entry.name, self._tag) \
                     if entry.name.endswith(SUFFIX) else None
                 try:
                     if sequence is not None and entry.is_file(follow_symlinks=False):
@@ -194,10 +206,11 @@ class Recovery:
         checked when a checkpoint is taken or chosen. Reads the engine's finite flag (computed
         inside the step); buffers are only named when it is down. A poisoned verdict marks
         the append rows past the position for scrubbing at the next restore (after_restore)."""
-        if self.engine.last_step_finite:
+        engine, session = self.engine, self.session
+        if engine.last_finite[session or 0]:
             return []       # the step's own finite flag: no second lock, no second sync
         bad = [] if bool(torch.isfinite(action).all()) else ['action']
-        bad += self.engine.nonfinite_buffers(static_only=True)
+        bad += engine.nonfinite_buffers(static_only=True, session=session)
         self.scrub = True
         return bad or ['the step (finite flag)']
 
@@ -206,7 +219,7 @@ class Recovery:
         episode reset): NaN rows the poisoned steps wrote past the restored position would leak
         into attention (0 * NaN is NaN), so they are zeroed once."""
         if self.scrub:
-            self.engine.clear_beyond_position()
+            self.engine.clear_beyond_position(session=self.session)
         self.scrub = False
 
     def recover(self):
@@ -223,7 +236,7 @@ class Recovery:
                 if bad:
                     skipped.append(f'{name} holds NaN/Inf in {", ".join(bad)}')
                     continue
-                result = engine.restore(name)
+                result = engine.restore(name, session=self.session)
             except FlashRTError as exc:     # e.g. a spilled checkpoint whose file went bad
                 skipped.append(f'{name}: {exc}')
                 continue
@@ -253,10 +266,13 @@ class Recovery:
         except OSError as e:
             raise StorageError.from_os_error(e, directory, 'list capsule directory') from e
         usable, skipped, highest = [], [], 0
+        mine = CHECKPOINT_PREFIX + (self._tag + '-' if self._tag else '')
         for entry in entries:
-            if not entry.name.startswith(CHECKPOINT_PREFIX):
+            if not entry.name.startswith(mine) or (not self._tag and self._other_session(
+                    entry.name)):
                 continue
-            sequence = checkpoint_sequence(entry.name) if entry.name.endswith(SUFFIX) else None
+            sequence = checkpoint_sequence(entry.name, self._tag) \
+                if entry.name.endswith(SUFFIX) else None
             if sequence is None:
                 skipped.append((entry.name, f'not a checkpoint file name (expected '
                                             f'{CHECKPOINT_PREFIX}<sequence number>{SUFFIX})'))
@@ -304,7 +320,8 @@ class Recovery:
         if not what:
             return ''
         latest = what == 'latest'
-        candidates = [(f, checkpoint_name(s)) for s, f in usable] if latest else [(what, '')]
+        candidates = [(f, checkpoint_name(s, self._tag)) for s, f in usable] if latest \
+            else [(what, '')]
         for filename, name in candidates:
             try:
                 with engine.store.allow_reserved():
@@ -315,7 +332,7 @@ class Recovery:
                 if bad:
                     engine.delete(loaded)
                     raise FlashRTError(f'{filename} holds NaN/Inf in {", ".join(bad)}')
-                engine.restore(loaded)
+                engine.restore(loaded, session=self.session)
             except FlashRTError as exc:
                 if not latest:
                     raise
@@ -323,15 +340,23 @@ class Recovery:
                 continue
             self.resumed_from = filename
             self._load_episode_start()
-            self.log.info(f'restore_on_start: resumed from {filename} at step '
-                          f'{engine.step_index}')
+            self.log.info(f'restore_on_start: {self._tag + ": " if self._tag else ""}resumed '
+                          f'from {filename} at step {engine.session(self.session).step_index}')
             return filename
         self.log.info(f'restore_on_start: no usable checkpoint in {engine.store.directory}; '
                       'starting fresh')
         return ''
 
+    @staticmethod
+    def _other_session(name):
+        """A session's checkpoint file (checkpoint-<session>-<sequence>.capsule) is not a
+        stray in a single-session engine's directory: a fleet configuration wrote it."""
+        return _SESSION_FILE.fullmatch(name) is not None
+
     def _load_episode_start(self):
         engine = self.engine
+        if EPISODE_START in engine.store:
+            return                  # another session's resume loaded it
         if not os.path.exists(os.path.join(engine.store.directory, EPISODE_START + SUFFIX)):
             return
         try:

@@ -24,10 +24,11 @@ import math
 
 import torch
 
+from .enums import Growth
 from .errors import InvalidConfig
 
 KINDS = ('kv', 'recurrent', 'conv', 'chunk', 'history', 'rng', 'meta')
-GROWTHS = ('static', 'append')
+GROWTHS = tuple(Growth)
 META_STEP, META_EPISODE, META_POSITION = 0, 1, 2   # indices into the engine's int64 'meta' buffer
 META_TAG = 3     # the caller's tag of the input the latest step consumed (0: none)
 ALIGN = 256
@@ -47,7 +48,7 @@ class BufferSpec:
     shape: tuple            # append growth: (capacity, *per_position_shape)
     dtype: torch.dtype
     kind: str               # one of KINDS
-    growth: str = 'static'  # 'static' | 'append'
+    growth: Growth = Growth.STATIC
 
     def __post_init__(self):
         object.__setattr__(self, 'shape', tuple(int(s) for s in self.shape))
@@ -58,11 +59,12 @@ class BufferSpec:
         if self.growth not in GROWTHS:
             raise InvalidConfig(
                 f'buffer {self.name!r}: growth {self.growth!r} is not one of {GROWTHS}')
+        object.__setattr__(self, 'growth', Growth(self.growth))
         if not isinstance(self.dtype, torch.dtype):
             raise InvalidConfig(f'buffer {self.name!r}: dtype must be a torch.dtype')
         if any(s < 0 for s in self.shape):
             raise InvalidConfig(f'buffer {self.name!r}: negative size in shape {self.shape}')
-        if self.growth == 'append' and len(self.shape) < 1:
+        if self.growth == Growth.APPEND and len(self.shape) < 1:
             raise InvalidConfig(f'append buffer {self.name!r} needs shape (capacity, ...)')
 
     @property
@@ -100,8 +102,8 @@ class StateArena:
             if spec.name in self.specs:
                 raise InvalidConfig(f'buffer name {spec.name!r} is declared twice')
             self.specs[spec.name] = spec
-        static = [s for s in specs if s.growth == 'static']
-        append = [s for s in specs if s.growth == 'append']
+        static = [s for s in specs if s.growth == Growth.STATIC]
+        append = [s for s in specs if s.growth == Growth.APPEND]
         capacities = {s.shape[0] for s in append}
         if len(capacities) > 1:
             raise InvalidConfig(
@@ -146,7 +148,7 @@ class StateArena:
         views = {}
         for name, spec in self.specs.items():
             off = self._offsets[name]
-            if spec.growth == 'static':
+            if spec.growth == Growth.STATIC:
                 views[name] = data[off:off + spec.nbytes].view(spec.dtype).view(spec.shape)
                 continue
             isz = _itemsize(spec.dtype)
@@ -161,7 +163,7 @@ class StateArena:
         spec, off = self.specs[name], self._offsets[name]
         isz = _itemsize(spec.dtype)
         typed = self.storage.view(spec.dtype)      # block_nbytes is a multiple of 256
-        if spec.growth == 'static':
+        if spec.growth == Growth.STATIC:
             shape, inner, start = spec.shape, _contiguous_strides(spec.shape), off
         else:
             shape = spec.shape

@@ -7,6 +7,7 @@ KINDS. make_policy() builds any kind from keyword arguments; build_policy() from
 import torch
 
 from ..config import HistoryConfig, MLPConfig, RecurrentConfig
+from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
@@ -17,9 +18,9 @@ from .scripted import ScriptedPolicy
 
 # kind -> (policy class built for the seeded demo and from state_dicts, its config)
 KINDS = {
-    'mlp': (FeedForwardPolicy, MLPConfig),
-    'recurrent': (RecurrentPolicy, RecurrentConfig),
-    'history': (HistoryPolicy, HistoryConfig),
+    PolicyKind.MLP: (FeedForwardPolicy, MLPConfig),
+    PolicyKind.RECURRENT: (RecurrentPolicy, RecurrentConfig),
+    PolicyKind.HISTORY: (HistoryPolicy, HistoryConfig),
 }
 
 __all__ = ['ACTIVATIONS', 'build_policy', 'FeedForwardPolicy', 'gaussian_noise',
@@ -48,11 +49,11 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
                                 f'is {obs_dim}')
         in_dim = sum(size * frames for size, frames in term_history)
     try:
-        if file and kind != 'history':
+        if file and kind != PolicyKind.HISTORY:
             policy = from_file(kind, file, in_dim, act_dim, activation=activation, seed=seed,
                                **sizes)
         else:
-            if activation and kind != 'history':
+            if activation and kind != PolicyKind.HISTORY:
                 sizes['activation'] = activation
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -75,7 +76,7 @@ def build_policy(config, device='cpu', term_history=None):
     options = config.options()
     if config.noise_std > 0:
         options['noise_std'] = config.noise_std
-    if config.policy_file and kind != 'history':
+    if config.policy_file and kind != PolicyKind.HISTORY:
         options = {k: v for k, v in options.items() if k == 'noise_std'}   # the file's sizes
     return make_policy(kind, config.obs_dim, config.act_dim, file=config.policy_file,
                        seed=config.seed, device=device, activation=config.activation,

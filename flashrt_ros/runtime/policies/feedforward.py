@@ -4,6 +4,7 @@ scripted.py).'''
 
 import torch
 
+from ..enums import PolicyKind
 from .base import mlp, Policy
 
 
@@ -15,7 +16,7 @@ class FeedForwardPolicy(Policy):
     the stacked window is state too (ObservationHistory). Nothing else decides the action.
     '''
 
-    kind = 'mlp'
+    kind = PolicyKind.MLP
     batched = True
 
     def __init__(self, obs_dim, act_dim, *, actor_hidden_dims=(256, 128, 64), activation='elu',

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..enums import Growth, PolicyKind
 from ..errors import CapacityExceeded, InvalidConfig
 from ..state import BufferSpec, META_POSITION
 from .base import Policy
@@ -106,7 +107,7 @@ class HistoryPolicy(Policy):
     GEMMs, and dtype casts are left to ops that take mixed dtypes.
     '''
 
-    kind = 'history'
+    kind = PolicyKind.HISTORY
 
     def __init__(self, obs_dim, act_dim, *, d_model=256, n_layers=4, heads=4, capacity=2048,
                  chunk=8, mlp_ratio=4, conv_width=4, dtype=torch.float32, noise_std=0.0,
@@ -153,7 +154,7 @@ class HistoryPolicy(Policy):
         d, hd = self.d_model, self.d_model // self.heads
         return [
             BufferSpec('kv', (self.capacity, self.n_attn, 2, self.heads, hd), self.dtype, 'kv',
-                       'append'),
+                       Growth.APPEND),
             BufferSpec('conv', (self.n_rec, self.conv_width - 1, d), self.dtype, 'conv'),
             BufferSpec('recurrent', (self.n_rec, d), torch.float32, 'recurrent'),
             BufferSpec('chunk', (self.chunk, self.act_dim), torch.float32, 'chunk'),

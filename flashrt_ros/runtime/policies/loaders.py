@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from .base import ACTIVATIONS
 from .feedforward import FeedForwardPolicy
@@ -96,10 +97,10 @@ def from_state_dict(kind, raw, obs_dim, act_dim, *, activation, source='state_di
         raise InvalidConfig(f'{source}: no actor weights found (expected rsl_rl / legged_gym '
                             "keys 'actor.N.weight', 'mlp.N.weight', 'memory_a.rnn.*' or "
                             f"'rnn.rnn.*'); it holds {_describe(raw)}")
-    if kind == 'mlp' and recurrent:
+    if kind == PolicyKind.MLP and recurrent:
         raise InvalidConfig(f'{source}: holds recurrent weights (rnn.*): set policy_type '
                             "'recurrent'")
-    if kind == 'recurrent' and not recurrent:
+    if kind == PolicyKind.RECURRENT and not recurrent:
         raise InvalidConfig(f'{source}: holds no recurrent weights (memory_a.rnn.* or '
                             "rnn.rnn.*): set policy_type 'mlp'")
     if not activation:

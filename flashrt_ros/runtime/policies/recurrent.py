@@ -8,6 +8,7 @@ import inspect
 import torch
 import torch.nn as nn
 
+from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from ..state import BufferSpec
 from .base import mlp, Policy
@@ -45,7 +46,7 @@ class RecurrentPolicy(Policy):
     'rng' (seed, counter) for optional Gaussian action noise of std `noise_std`.
     '''
 
-    kind = 'recurrent'
+    kind = PolicyKind.RECURRENT
     batched = True
 
     def __init__(self, obs_dim, act_dim, *, rnn_type='lstm', rnn_hidden_dim=256,

@@ -13,6 +13,7 @@ import hashlib
 
 import torch
 
+from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from ..state import BufferSpec
 from .base import ACTIVATIONS, Policy
@@ -94,11 +95,11 @@ class ScriptedPolicy(Policy):
                                 f'file uses {found}; leave it empty or set it to the file\'s')
         self.activation = '/'.join(found)
         self.state_names = self._probe(source)
-        if kind == 'mlp' and self.state_names:
+        if kind == PolicyKind.MLP and self.state_names:
             raise InvalidConfig(f'{source}: the file keeps recurrent state in buffers '
                                 f'{self.state_names} (its forward overwrites them): set '
                                 "policy_type 'recurrent'")
-        if kind == 'recurrent' and not self.state_names:
+        if kind == PolicyKind.RECURRENT and not self.state_names:
             raise InvalidConfig(f'{source}: no buffer of the file changes in forward, so it '
                                 "keeps no recurrent state: set policy_type 'mlp'; found "
                                 f'{describe(module)}')

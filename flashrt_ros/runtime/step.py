@@ -1,0 +1,285 @@
+"""The step program: what one control tick runs on the device, and the buffers it runs over.
+
+One step function, the same on every device: captured as a CUDA graph on CUDA (one per history
+span, sharing one graph memory pool), called eagerly on CPU. Inside it: the rollback ring
+records every session's pre-step static block, the fed-back previous action is written into
+its observation slot, the policy steps (the fleet at once, or session by session), the step
+counters advance, the finite flag is computed, and sessions left out of the tick get their
+pre-step static block back.
+
+Inputs and outputs are static buffers outside the state, so no capsule holds them: obs
+[sessions, obs_dim], out [sessions, act_dim + 1] (the action, then the step's finite flag:
+one device->host copy and one synchronisation bring back both) and control [sessions, 2]
+(active, tag; tag 0 leaves meta's tag as is). On CUDA each has a pinned host twin, so the
+transfers are plain async DMA on the step's stream instead of pageable copies that stall the
+host.
+"""
+
+import bisect
+import contextlib
+from functools import partial
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .enums import Growth
+from .errors import InvalidConfig, InvalidObservation
+from .graph import probe_determinism, StepGraph
+from .state import META_EPISODE, META_POSITION, META_STEP, META_TAG
+
+
+def as_observations(obs, obs_dim, rows=None):
+    """obs as a float32 ndarray [obs_dim] (or [rows, obs_dim]), validated on the host before
+    anything on the device is touched (InvalidObservation).
+
+    numpy, not torch, on this per-step path: its small-array calls cost about a microsecond
+    where a torch CPU op costs several.
+    """
+    try:
+        if torch.is_tensor(obs):
+            obs = obs.detach().cpu()
+        a = np.asarray(obs, dtype=np.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InvalidObservation(f'observation is not numeric: {e}') from e
+    want = (obs_dim,) if rows is None else (rows, obs_dim)
+    if a.shape != want:
+        raise InvalidObservation(
+            f'observation has shape {a.shape}, expected {want} (obs_dim {obs_dim})')
+    if not np.isfinite(a).all():
+        idx = np.argwhere(~np.isfinite(a))[0].tolist()
+        raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
+    return a
+
+
+def as_tag(tag):
+    """A step tag (an int in [1, 2**63)) or 0 for None; InvalidObservation otherwise."""
+    if tag is not None and not (isinstance(tag, int) and not isinstance(tag, bool)
+                                and 0 < tag < 1 << 63):
+        raise InvalidObservation(f'step tag must be an int in [1, 2**63), got {tag!r}')
+    return tag or 0
+
+
+class Feedback(NamedTuple):
+    """The previous action fed into an observation slot: (last - offset) * scale, clipped."""
+    slot: torch.Tensor          # obs [sessions, size] columns the action is written into
+    last: torch.Tensor          # the arena's 'last_action' [sessions, act_dim]
+    identity: bool              # scale 1, offset 0, no clip: a plain copy, bit for bit
+    scale: torch.Tensor
+    offset: torch.Tensor
+    clip: tuple | None
+
+
+class StepProgram:
+    """The step buffers, the step function and its graphs for one arena, whose sessions it
+    puts in their initial state before capturing.
+
+    batched: step the fleet as one batch (policy.batched); else session by session inside the
+    one graph. last_action: (start, size, scale, offset, clip) of the observation slot fed from
+    the previous action (the arena then holds 'last_action'), or None. cuda_graph: capture on
+    CUDA (else eager); debug: every replay checks that no arena view moved.
+    """
+
+    def __init__(self, policy, arena, ring, transfer, batched=False, last_action=None,
+                 cuda_graph=True, debug=False):
+        if batched and not getattr(policy, 'batched', False):
+            raise InvalidConfig(f'batch_sessions: a {getattr(policy, "kind", "")!r} policy of '
+                                f'this format steps one session at a time (batches: mlp and '
+                                'recurrent policies built from weights, not TorchScript/ONNX '
+                                'files or history policies); leave batch_sessions off')
+        self.policy, self.arena, self.ring, self.transfer = policy, arena, ring, transfer
+        self.batched = bool(batched)
+        self.sessions = n = arena.sessions
+        self.obs_dim, self.act_dim = int(policy.obs_dim), int(policy.act_dim)
+        self.advances = arena.capacity > 0     # history policies move position each step
+        self.bind_for_step()
+        dev = arena.device
+        self._meta = arena['meta']                                  # session 0's counters
+        self.meta_all = arena.batched['meta']                       # int64 [sessions, 4]
+        self.obs_buf = torch.zeros(n, self.obs_dim, dtype=torch.float32, device=dev)
+        self.out_buf = torch.zeros(n, self.act_dim + 1, dtype=torch.float32, device=dev)
+        self.act_buf = self.out_buf[:, :self.act_dim]
+        self._finite_flag = self.out_buf[:, self.act_dim]
+        self._ctl_buf = torch.zeros(n, 2, dtype=torch.int64, device=dev)
+        pin = dev.type == 'cuda'
+        self._obs_host = torch.zeros(n, self.obs_dim, dtype=torch.float32, pin_memory=pin)
+        self._out_host = torch.zeros(n, self.act_dim + 1, dtype=torch.float32, pin_memory=pin)
+        self._ctl_host = torch.zeros(n, 2, dtype=torch.int64, pin_memory=pin)
+        self.obs_np, self.out_np = self._obs_host.numpy(), self._out_host.numpy()
+        self._ctl_np = self._ctl_host.numpy()
+        self.feedback = None if last_action is None else self._make_feedback(*last_action)
+        # What the finite flag covers, per session: the action and the static float buffers
+        # (the history's append rows are checked when a checkpoint is taken or chosen:
+        # PolicyEngine.nonfinite_buffers). One session: its plain views, for one multi-tensor
+        # kernel; a fleet: rows of the batched views (a session's part is contiguous).
+        static = [name for name, spec in arena.specs.items() if spec.growth == Growth.STATIC
+                  and arena.views[name].is_floating_point() and arena.views[name].numel()]
+        if n == 1:
+            self._finite_over = [self.act_buf[0]] + [arena.views[s] for s in static]
+        else:
+            self._finite_over = [self.act_buf] + [arena.batched[s].flatten(1) for s in static]
+        for index in range(n):
+            self.initial_state(index, episode=0)
+        self._capture(cuda_graph, debug)
+
+    def _make_feedback(self, start, size, scale, offset, clip):
+        if size != self.act_dim or not 0 <= start <= self.obs_dim - size:
+            raise InvalidConfig(f'last_action slot [{start}, {start + size}) does not fit '
+                                f'obs_dim {self.obs_dim} with act_dim {self.act_dim}')
+        scale, offset = np.asarray(scale, np.float64), np.asarray(offset, np.float64)
+        identity = bool(np.all(scale == 1.0) and np.all(offset == 0.0) and clip is None)
+        as_t = partial(torch.tensor, dtype=torch.float32, device=self.arena.device)
+        return Feedback(self.obs_buf[:, start:start + size], self.arena.batched['last_action'],
+                        identity, as_t(scale), as_t(offset), clip)
+
+    # -- binding -------------------------------------------------------------------------------
+
+    def bind_for_step(self):
+        """Bind the policy the way the step runs it: batched views of every session when it
+        computes a fleet at once, else session 0's views (the step rebinds per session)."""
+        if self.batched:
+            self.policy.bind(self.arena.batched, self.sessions)
+        else:
+            self.policy.bind(self.arena.session_views[0])
+
+    @contextlib.contextmanager
+    def bound_to(self, views):
+        """The policy bound to one session's own views (reset, prefill), then as the step
+        runs it again."""
+        self.policy.bind(views)
+        try:
+            yield self.policy
+        finally:
+            self.bind_for_step()
+
+    def initial_state(self, index, episode):
+        """Session `index`'s initial state: zeros, the policy's own initial values, meta =
+        [0, episode, 0, 0]."""
+        self.arena.zero_(index)
+        views = self.arena.session_views[index]
+        with self.bound_to(views) as policy:
+            policy.reset_state()
+        views['meta'][META_EPISODE] = episode
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def _capture(self, cuda_graph, debug):
+        """The step's graphs: captured on CUDA (cuda_graph), eager otherwise. A policy whose
+        step cost grows with the history span (spans()) gets one step per span, all in one
+        graph memory pool; a tick runs the smallest span covering the position."""
+        device = self.arena.device
+        enabled = bool(cuda_graph) and device.type == 'cuda'
+        self.spans = list(getattr(self.policy, 'spans', list)()) or [None]
+        self.graphs, pool = [], None
+        for span in self.spans:
+            graph = StepGraph(partial(self._step_fn, span), device, enabled,
+                              state=self.arena.storage, pool=pool,
+                              check=self.arena.views if debug else None)
+            pool = graph.pool
+            self.graphs.append(graph)
+        self.graph = self.graphs[-1]            # the whole-capacity step
+
+    @property
+    def captured(self):
+        return self.graph.captured
+
+    def _step_fn(self, span=None):
+        self.ring.record()      # every session's pre-step static block, before any write
+        if self.sessions > 1:   # (one session: the tag is written after the replay)
+            tag = self._ctl_buf[:, 1]
+            meta_tag = self.meta_all[:, META_TAG]
+            meta_tag.copy_(torch.where(tag != 0, tag, meta_tag))
+        if self.feedback is not None:
+            slot, last, identity, scale, offset, clip = self.feedback
+            if identity:        # a float32 copy: the slot holds the action bit for bit
+                slot.copy_(last)
+            else:
+                value = (last - offset) * scale
+                slot.copy_(value if clip is None else value.clamp(clip[0], clip[1]))
+        extra = () if span is None else (span,)
+        if self.batched:            # the whole fleet in one computation
+            self.policy.step(self.obs_buf, self.act_buf, *extra)
+        elif self.sessions == 1:
+            self.policy.step(self.obs_buf[0], self.act_buf[0], *extra)
+        else:                       # session by session, all inside one graph
+            for i, views in enumerate(self.arena.session_views):
+                self.policy.bind(views)
+                self.policy.step(self.obs_buf[i], self.act_buf[i], *extra)
+        if self.feedback is not None:
+            self.feedback.last.copy_(self.act_buf)
+        self.meta_all[:, META_STEP].add_(1)
+        # The max-abs norm of a tensor (a row) is NaN or Inf exactly when an element is, and
+        # never overflows. One session: one multi-tensor kernel over every buffer; a fleet:
+        # one reduction per buffer gives every session's verdict.
+        if self.sessions == 1:
+            norms = torch._foreach_norm(self._finite_over, math.inf)
+            self._finite_flag.copy_(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+            return
+        norms = [torch.linalg.vector_norm(v, math.inf, dim=1).float() for v in self._finite_over]
+        self._finite_flag.copy_(torch.isfinite(torch.stack(norms)).all(0))
+        # sessions left out of this tick get their pre-step static block back (from the ring's
+        # slot just written): their state, counters included, is unchanged; an append row
+        # written at their position lies beyond their live prefix
+        active = self._ctl_buf[:, 0:1] != 0
+        static = self.ring.static
+        static.copy_(torch.where(active, static, self.ring.recorded()))
+
+    def graph_for(self, position):
+        """The step for the smallest span that covers `position` (spans ascend)."""
+        graphs = self.graphs
+        if len(graphs) > 1:
+            return graphs[bisect.bisect_right(self.spans, position)]
+        return graphs[0]
+
+    def stage_control(self, sessions, tags):
+        """Host side of a tick, before it is issued: which sessions step with which tags (0:
+        none), whose obs rows are staged in obs_np."""
+        ctl = self._ctl_np
+        if self.sessions > 1:
+            ctl[:] = 0
+            for s, tag in zip(sessions, tags):
+                ctl[s.index] = (1, tag)
+        elif tags[0]:
+            ctl[0, 1] = tags[0]
+
+    def issue(self, position, tagged):
+        """Device side of a tick, asynchronous until the caller's sync: staged obs (and
+        control) in, the step for `position`, the tag of a single session (tagged), the
+        output back into out_np."""
+        copy, n = self.transfer.copy, self.sessions
+        copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
+        if n > 1:
+            copy(self._ctl_buf, self._ctl_host, 16 * n)
+        self.graph_for(position).replay()
+        if n == 1 and tagged:       # after the replay: the ring holds the previous tag
+            copy(self._meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
+        copy(self._out_host, self.out_buf, 4 * n * (self.act_dim + 1))
+
+    # -- determinism ---------------------------------------------------------------------------
+
+    def probe_determinism(self, replays):
+        """graph.probe_determinism over this program's steps: every span's on CUDA
+        (milliseconds); on CPU, whose kernels split no reduction by timing, the
+        whole-capacity step only (eager steps cost more there). 'differing' names spans."""
+        cuda = self.arena.device.type == 'cuda'
+        which = list(range(len(self.graphs)))[0 if cuda else -1:]
+        probe = probe_determinism([self.graphs[i] for i in which],
+                                  lambda j: self._probe_state(which[j]), self.arena.storage,
+                                  self.out_buf, replays)
+        probe['differing'] = [self.spans[which[j]] for j in probe['differing']]
+        return probe
+
+    def _probe_state(self, i):
+        """A state for probe_determinism: random finite floats everywhere, obs too, and the
+        position at the end of graph i's span (every key of the span live)."""
+        device = self.arena.device
+        gen = torch.Generator(device).manual_seed(i)
+        for views in self.arena.session_views:
+            for v in views.values():
+                if v.is_floating_point() and v.numel():
+                    v.copy_(torch.randn(v.shape, generator=gen, device=device) * 0.5)
+        self.obs_buf.copy_(torch.randn(self.obs_buf.shape, generator=gen, device=device))
+        if self.advances:
+            span = self.spans[i] or self.arena.capacity
+            self.meta_all[:, META_POSITION] = span - 1
