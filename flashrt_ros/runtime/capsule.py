@@ -10,37 +10,20 @@ import contextlib
 import functools
 import os
 import threading
-from typing import NamedTuple
 
 import torch
 
-from .capsule_file import checked_signing_key, read_file, write_file
+from .capsule_file import checked_signing_key, Manifest, read_file, write_file
 from .capsule_names import CapsuleNames, check_name
 from .enums import Tier
 from .errors import (BudgetExceeded, CapsuleExists, CorruptCapsule, IncompatibleCapsule,
                      StorageError, UnknownCapsule)
 
+# Manifest is defined with the file format (the fields a file carries) and is part of this
+# module's API: a Capsule is a Manifest plus bytes.
+__all__ = ['Capsule', 'CapsuleStore', 'check_compatible', 'Manifest']
+
 TIERS = tuple(Tier)
-
-
-class Manifest(NamedTuple):
-    """What a capsule is. Immutable: the engine hands the store's own manifest to callers, so
-    nobody can change a capsule's record (changed copies come from _replace). A named tuple
-    rather than a frozen dataclass: every snapshot makes one, and a frozen dataclass's
-    __init__ cost about 5 us of the H200 host's ~26 us 4 KB snapshot call (one tuple: ~1 us)."""
-
-    name: str
-    parent: str
-    tier: Tier               # or its string: a manifest read from a file holds that
-    pinned: bool
-    step: int
-    episode: int
-    position: int
-    nbytes: int
-    schema_digest: str
-    model_digest: str
-    created: float           # unix seconds
-    checksum: str = ''       # '' until written to disk
 
 
 class Capsule:

@@ -9,6 +9,7 @@ allow_reserved() creates them, so pruning and recover() never touch a user's cap
 import contextlib
 import os
 import re
+import stat
 import threading
 
 from .errors import InvalidName, PathOutsideDirectory, ReservedName, StorageError, UnknownCapsule
@@ -16,6 +17,26 @@ from .errors import InvalidName, PathOutsideDirectory, ReservedName, StorageErro
 SUFFIX = '.capsule'     # save's default file: <capsule_dir>/<name>.capsule
 CHECKPOINT_PREFIX = 'checkpoint-'   # reserved for the recovery checkpoints (and their files)
 _NAME = re.compile(r'[A-Za-z0-9_.-]{1,128}')
+_SEQUENCE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'([0-9]{1,18})')
+_SESSION_FILE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'[A-Za-z][A-Za-z0-9_]*-[0-9]{1,18}' +
+                           re.escape(SUFFIX))
+
+
+def checkpoint_name(sequence, session=''):
+    """'checkpoint-00000042' for sequence 42; 'checkpoint-s1-00000042' for session 's1'."""
+    return f'{CHECKPOINT_PREFIX}{session + "-" if session else ""}{sequence:08d}'
+
+
+def checkpoint_sequence(name, session=''):
+    """The sequence number of a checkpoint capsule name (or file name with SUFFIX) of
+    `session` ('' for a single-session engine's), else None."""
+    if name.endswith(SUFFIX):
+        name = name[:-len(SUFFIX)]
+    if session:
+        name = name.replace(f'{CHECKPOINT_PREFIX}{session}-', CHECKPOINT_PREFIX, 1) \
+            if name.startswith(f'{CHECKPOINT_PREFIX}{session}-') else ''
+    match = _SEQUENCE.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def check_name(name):
@@ -98,3 +119,50 @@ class CapsuleNames:
                 'directory are recovery checkpoints (restore_on_start would resume from it); '
                 'choose another file name')
         return full
+
+
+def scan_checkpoint_files(directory, session=''):
+    """Checkpoint files of `session` ('' for a single-session engine's) in `directory`:
+    ([(sequence, file name)] newest first, highest sequence seen in any of its numbered
+    entries, [(entry, why it was skipped)]).
+
+    Entries outside the namespace (user capsules, temp files, .spill, other sessions') are
+    ignored. Strays inside it (checkpoint-abc.capsule, a directory, an empty file) are skipped
+    with the reason, and numbered ones still raise the highest sequence so that a new
+    checkpoint never lands on their name. StorageError when the directory cannot be listed.
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return [], 0, []
+    except OSError as e:
+        raise StorageError.from_os_error(e, directory, 'list capsule directory') from e
+    usable, skipped, highest = [], [], 0
+    mine = CHECKPOINT_PREFIX + (session + '-' if session else '')
+    for entry in entries:
+        # a single-session engine's namespace holds no session's files: a fleet wrote them
+        if not entry.name.startswith(mine) or (
+                not session and _SESSION_FILE.fullmatch(entry.name)):
+            continue
+        sequence = checkpoint_sequence(entry.name, session) \
+            if entry.name.endswith(SUFFIX) else None
+        if sequence is None:
+            skipped.append((entry.name, f'not a checkpoint file name (expected '
+                                        f'{mine}<sequence number>{SUFFIX})'))
+            continue
+        highest = max(highest, sequence)
+        try:
+            st = os.stat(entry.path)
+        except OSError as e:
+            skipped.append((entry.name, str(StorageError.from_os_error(e, entry.path, 'stat'))))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            skipped.append((entry.name, 'is a directory'))
+        elif not stat.S_ISREG(st.st_mode):
+            skipped.append((entry.name, 'is not a regular file'))
+        elif st.st_size == 0:
+            skipped.append((entry.name, 'is empty (0 bytes)'))
+        else:
+            usable.append((sequence, entry.name))
+    usable.sort(reverse=True)
+    return usable, highest, sorted(skipped)

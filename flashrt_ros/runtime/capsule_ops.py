@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from .capsule import Capsule, check_compatible, Manifest
+from .capsule import Capsule, check_compatible
+from .capsule_file import Manifest
 from .enums import Growth, Tier
 from .errors import CapsuleExists, InvalidConfig, RollbackUnavailable
 from .state import KINDS, META_EPISODE

@@ -13,35 +13,13 @@ refused there, so pruning and recover() never touch one.
 """
 import logging
 import os
-import re
-import stat
 
 import torch
 
-from .capsule_names import CHECKPOINT_PREFIX, SUFFIX
+from .capsule_names import (checkpoint_name, checkpoint_sequence, scan_checkpoint_files,
+                            SUFFIX)
 from .engine import EPISODE_START
 from .errors import FlashRTError, InvalidConfig, StorageError
-
-_SEQUENCE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'([0-9]{1,18})')
-_SESSION_FILE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'[A-Za-z][A-Za-z0-9_]*-[0-9]{1,18}' +
-                           re.escape(SUFFIX))
-
-
-def checkpoint_name(sequence, session=''):
-    """'checkpoint-00000042' for sequence 42; 'checkpoint-s1-00000042' for session 's1'."""
-    return f'{CHECKPOINT_PREFIX}{session + "-" if session else ""}{sequence:08d}'
-
-
-def checkpoint_sequence(name, session=''):
-    """The sequence number of a checkpoint capsule name (or file name with SUFFIX) of
-    `session` ('' for a single-session engine's), else None."""
-    if name.endswith(SUFFIX):
-        name = name[:-len(SUFFIX)]
-    if session:
-        name = name.replace(f'{CHECKPOINT_PREFIX}{session}-', CHECKPOINT_PREFIX, 1) \
-            if name.startswith(f'{CHECKPOINT_PREFIX}{session}-') else ''
-    match = _SEQUENCE.fullmatch(name)
-    return int(match.group(1)) if match else None
 
 
 class Recovery:
@@ -250,50 +228,8 @@ class Recovery:
     # -- resume ---------------------------------------------------------------------------------
 
     def scan(self):
-        """Checkpoint files in the capsule directory: ([(sequence, file name)] newest first,
-        highest sequence seen in any checkpoint-<number> entry, [(entry, why it was skipped)]).
-
-        Entries outside the namespace (user capsules, temp files, .spill) are ignored. Strays
-        inside it (checkpoint-abc.capsule, a directory, an empty file) are skipped with the
-        reason, and numbered ones still raise the highest sequence so that a new checkpoint
-        never lands on their name. StorageError when the directory cannot be listed.
-        """
-        directory = self.engine.store.directory
-        try:
-            entries = list(os.scandir(directory))
-        except FileNotFoundError:
-            return [], 0, []
-        except OSError as e:
-            raise StorageError.from_os_error(e, directory, 'list capsule directory') from e
-        usable, skipped, highest = [], [], 0
-        mine = CHECKPOINT_PREFIX + (self._tag + '-' if self._tag else '')
-        for entry in entries:
-            if not entry.name.startswith(mine) or (not self._tag and self._other_session(
-                    entry.name)):
-                continue
-            sequence = checkpoint_sequence(entry.name, self._tag) \
-                if entry.name.endswith(SUFFIX) else None
-            if sequence is None:
-                skipped.append((entry.name, f'not a checkpoint file name (expected '
-                                            f'{CHECKPOINT_PREFIX}<sequence number>{SUFFIX})'))
-                continue
-            highest = max(highest, sequence)
-            try:
-                st = os.stat(entry.path)
-            except OSError as e:
-                skipped.append((entry.name, str(StorageError.from_os_error(e, entry.path,
-                                                                           'stat'))))
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                skipped.append((entry.name, 'is a directory'))
-            elif not stat.S_ISREG(st.st_mode):
-                skipped.append((entry.name, 'is not a regular file'))
-            elif st.st_size == 0:
-                skipped.append((entry.name, 'is empty (0 bytes)'))
-            else:
-                usable.append((sequence, entry.name))
-        usable.sort(reverse=True)
-        return usable, highest, sorted(skipped)
+        """This session's checkpoint files (capsule_names.scan_checkpoint_files)."""
+        return scan_checkpoint_files(self.engine.store.directory, self._tag)
 
     def resume(self, what=''):
         """Resume a restarted process from the capsule directory (restore_on_start).
@@ -346,12 +282,6 @@ class Recovery:
         self.log.info(f'restore_on_start: no usable checkpoint in {engine.store.directory}; '
                       'starting fresh')
         return ''
-
-    @staticmethod
-    def _other_session(name):
-        """A session's checkpoint file (checkpoint-<session>-<sequence>.capsule) is not a
-        stray in a single-session engine's directory: a fleet configuration wrote it."""
-        return _SESSION_FILE.fullmatch(name) is not None
 
     def _load_episode_start(self):
         engine = self.engine
