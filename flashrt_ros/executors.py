@@ -15,6 +15,7 @@ entity (services, timers, subscriptions, and the QoS-event handlers that rclpy g
 publisher and subscription by default: two waitables each). On a service round trip that is
 paid on both sides; see `publisher_events`.
 """
+import os
 import sys
 import threading
 import traceback
@@ -127,9 +128,12 @@ class ControlThread:
         self._node, self._group = node, group
         self._executor = self._thread = None
         self._stopping = False
+        self.priority = 0
 
-    def start(self):
-        self._stopping = False
+    def start(self, priority=0):
+        """priority: 1-99 runs the thread under SCHED_FIFO at that priority (0: the default
+        scheduler), so that other processes on a busy machine do not delay a tick."""
+        self._stopping, self.priority = False, priority
         self._executor = _GroupExecutor(self._node, self._group)
         self._thread = threading.Thread(target=self._spin, daemon=True,
                                         name=f'{self._node.get_name()} control')
@@ -142,6 +146,14 @@ class ControlThread:
     def _spin(self):
         self._group.thread_id = threading.get_ident()
         log = self._node.get_logger()
+        if self.priority:
+            try:    # this thread only: on Linux, pid 0 is the calling thread
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.priority))
+                log.info(f'control thread: SCHED_FIFO priority {self.priority}')
+            except (OSError, AttributeError) as exc:
+                log.warning(f'control thread: could not enable SCHED_FIFO priority '
+                            f'{self.priority} ({exc}); running on the default scheduler. '
+                            'Grant CAP_SYS_NICE or an rtprio limit to the user.')
         while not self._stopping and self._node.context.ok():
             try:
                 self._executor.spin_once(timeout_sec=0.5)

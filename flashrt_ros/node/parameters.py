@@ -78,6 +78,11 @@ class NodeConfig:
     qos_depth: int = param(100, 'subscription and action queue depth', low=1, high=100000)
     qos_reliability: str = param('reliable', 'QoS reliability of observation and action',
                                  choices=('reliable', 'best_effort'))
+    control_priority: int = param(
+        0, 'the control thread\'s real-time priority (SCHED_FIFO 1-99, as ros2_control\'s '
+        'thread_priority); 0: the default scheduler. Needs CAP_SYS_NICE or an rtprio limit '
+        '(/etc/security/limits.conf); refused, the node logs it and runs on the default '
+        'scheduler', low=0, high=99)
     status_period: float = param(1.0, 'seconds between ~/status and /diagnostics messages',
                                  low=0.01, high=3600.0, live=True)
     checkpoint_every: int = param(0, 'a host-tier checkpoint capsule every N steps (0: off)',

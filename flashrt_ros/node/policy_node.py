@@ -156,7 +156,7 @@ class PolicyNode(LifecycleNode):
     def on_activate(self, state):
         with self.lock:
             self._activate()
-        self._control.start()
+        self._control.start(self.parts.settings.node.control_priority)
         return super().on_activate(state)
 
     def _activate(self):
