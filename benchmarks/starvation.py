@@ -122,12 +122,19 @@ def installed_vs_checkout(prefix):
 def baseline_node(ref, workdir):
     '''The node of git commit `ref`: its flashrt_ros tree extracted beside the install (which
     provides the generated msg/srv: flashrt_ros/__init__.py merges the two trees).'''
-    sha = subprocess.run(['git', 'rev-parse', '--short', ref], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.strip()
-    tree = pathlib.Path(tempfile.mkdtemp(prefix=f'starvation-{sha}-', dir=workdir))
-    archive = subprocess.run(['git', 'archive', ref, 'flashrt_ros'], cwd=ROOT,
-                             capture_output=True, check=True).stdout
-    subprocess.run(['tar', '-x', '-C', str(tree)], input=archive, check=True)
+    if (pathlib.Path(ref) / 'flashrt_ros').is_dir():
+        # an extracted tree (a machine without git or the repository's history); its
+        # COMMIT file, if any, names the commit
+        tree = pathlib.Path(ref).resolve()
+        named = tree / 'COMMIT'
+        sha = named.read_text().strip() if named.exists() else tree.name
+    else:
+        sha = subprocess.run(['git', 'rev-parse', '--short', ref], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.strip()
+        tree = pathlib.Path(tempfile.mkdtemp(prefix=f'starvation-{sha}-', dir=workdir))
+        archive = subprocess.run(['git', 'archive', ref, 'flashrt_ros'], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(['tar', '-x', '-C', str(tree)], input=archive, check=True)
     module = 'flashrt_ros.policy_node' if (tree / 'flashrt_ros' / 'policy_node.py').exists() \
         else 'flashrt_ros.node.policy_node'
     path = os.environ.get('PYTHONPATH', '')
@@ -661,7 +668,7 @@ def main(argv=None):
     ap.add_argument('--warmup', type=float, default=2.0, help='uncounted stream first (s)')
     ap.add_argument('--clients', type=int, default=8, help='client processes calling services')
     ap.add_argument('--rate', type=float, default=200.0, help='observations per second')
-    ap.add_argument('--baseline', default='', metavar='REF',
+    ap.add_argument('--baseline', default='', metavar='REF|DIR',
                     help='also measure the node of this git commit, side by side')
     ap.add_argument('--param', action='append', default=[], metavar='NAME:=VALUE',
                     help='also measure the current node with this parameter (repeatable)')
