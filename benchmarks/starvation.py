@@ -452,10 +452,11 @@ def measure(label, spec, cfg, rcl_node, workdir):
 
     from .ros_e2e import _stop
 
-    name = f'starvation_{label}_{os.getpid()}'
+    token = re.sub(r'[^A-Za-z0-9_]+', '_', label)       # node and file names
+    name = f'starvation_{token}_{os.getpid()}'
     target = '/' + name
-    capsules = tempfile.mkdtemp(prefix=f'capsules-{label}-', dir=workdir)
-    log_path = pathlib.Path(workdir) / f'{label}-node.log'
+    capsules = tempfile.mkdtemp(prefix=f'capsules-{token}-', dir=workdir)
+    log_path = pathlib.Path(workdir) / f'{token}-node.log'
     args = node_parameters(name, cfg['device'], capsules, cfg['policy_file']) + [
         a for p in spec.get('params', ()) for a in ('-p', p)]
     phases, lost = {}, {}
@@ -713,7 +714,8 @@ def main(argv=None):
     rclpy.init()
     try:
         for label, node_spec in specs.items():
-            rcl_node = rclpy.create_node(f'starvation_planner_{label}_{os.getpid()}')
+            token = re.sub(r'[^A-Za-z0-9_]+', '_', label)
+            rcl_node = rclpy.create_node(f'starvation_planner_{token}_{os.getpid()}')
             try:
                 result['nodes'][label] = measure(label, node_spec, cfg, rcl_node, workdir)
             finally:
