@@ -18,8 +18,8 @@ import time
 
 import torch
 
+from .environment import environment
 from .ros_e2e import _executable, _start, _stop
-from .run import environment
 
 
 def _node(name, device, sessions, capsule_dir, log_dir):

@@ -48,8 +48,8 @@ from flashrt_ros.harness.episode_runner import (declare_parameters, EpisodeRunne
                                                 make_world, POLICY_CAPSULE, WORLD_SNAPSHOT)
 from flashrt_ros.harness.links import RobotLink
 from flashrt_ros.node.policy_node import PolicyNode
+from .environment import environment, ROOT
 from .ros_e2e import _executable
-from .run import environment, ROOT
 from .timing import stats, wall
 
 G1_YAML = ROOT / 'config' / 'g1.yaml'

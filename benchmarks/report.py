@@ -1,0 +1,47 @@
+"""What a benchmark run writes: progress lines on stdout (log), the results files (Report:
+<out>.json and <out>.md, rewritten every time a section finishes) and the number formats the
+tables share. Standard library only (environment.py says why).
+"""
+
+import json
+import os
+import time
+
+MB = 1 << 20
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def micros(x):
+    """Microseconds for a table cell: one decimal, milliseconds (marked) from 10 ms."""
+    return f'{x / 1000:.2f} ms' if x >= 10000 else f'{x:.1f}'
+
+
+def p50_p99(s):
+    """A distribution's cell: 'p50 / p99' (stats() in timing.py)."""
+    return f'{micros(s["p50"])} / {micros(s["p99"])}'
+
+
+class Report:
+    """Results so far; written to <out>.json and <out>.md every time a section finishes.
+    render_md(results) -> markdown: the tables of the suite that writes the report."""
+
+    def __init__(self, out, env, config, render_md):
+        self.out = out
+        self.render_md = render_md
+        self.results = {'environment': env, 'config': config, 'sections': {}, 'checks': []}
+        self.t0 = time.perf_counter()
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, section, data):
+        self.results['sections'][section] = data
+        self.write()
+
+    def write(self):
+        self.results['elapsed_s'] = time.perf_counter() - self.t0
+        tmp = self.out.with_suffix('.json.tmp')
+        tmp.write_text(json.dumps(self.results, indent=1, default=str) + '\n')
+        os.replace(tmp, self.out.with_suffix('.json'))
+        self.out.with_suffix('.md').write_text(self.render_md(self.results))
