@@ -12,7 +12,7 @@ setup(
                 'roll back a policy\'s complete state on captured CUDA graphs.',
     license='Apache-2.0',
     # every package under flashrt_ros/, found rather than listed: a list forgot
-    # flashrt_ros.runtime.policies (test/test_pip_install.py installs and imports each)
+    # flashrt_ros.runtime.policies (test/system/test_pip_install.py installs and imports each)
     packages=find_packages(include=['flashrt_ros', 'flashrt_ros.*']),
     python_requires='>=3.10',
     install_requires=['torch>=2.4', 'numpy', 'pyyaml', 'safetensors'],

@@ -1,10 +1,24 @@
-"""Shared test set-up: markers that skip with a printed reason, and ROS isolation."""
+"""Shared test set-up: markers that skip with a printed reason, ROS isolation, the fixtures
+more than one test module uses, and test/ on sys.path for the helpers in test/support/.
+
+Tests are in three layers: unit/ (no rclpy, no process of ours), ros/ (real rclpy nodes
+in-process over Fast DDS), system/ (installed executables, launch, the ros2 CLI, SIGKILL,
+pip, benchmark runs). Fixtures that need rclpy or mujoco import them when used, so the unit
+layer runs without either.
+"""
 import fcntl
 import os
+import pathlib
 import random
+import sys
 import tempfile
 
 import pytest
+
+TEST_DIR = pathlib.Path(__file__).resolve().parent
+ROOT = TEST_DIR.parent
+if str(TEST_DIR) not in sys.path:       # `from support.nodes import Harness`, in every layer
+    sys.path.insert(0, str(TEST_DIR))
 
 
 def _cuda_available():
@@ -57,3 +71,53 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     return 'cuda: %s' % ('available' if _cuda_available() else
                          'not available (cuda-marked tests are skipped)')
+
+
+# -- fixtures shared by several test modules ---------------------------------------------------
+
+@pytest.fixture
+def ros():
+    """rclpy initialised for one test; yields a list the test's Harnesses go in, closed (with
+    rclpy) at the end. (test/system/test_ros_tools.py has a `ros` fixture of its own.)"""
+    import rclpy
+    rclpy.init()
+    harnesses = []
+    yield harnesses
+    for h in harnesses:
+        h.close()
+    rclpy.shutdown()
+
+
+@pytest.fixture
+def make(ros, tmp_path):
+    """make(params=RECURRENT, start=True, executor=None): a support.nodes.Harness, configured
+    and active unless start=False, closed after the test."""
+    from support.nodes import Harness, RECURRENT
+
+    def factory(params=RECURRENT, start=True, executor=None):
+        h = Harness(tmp_path, params, start, executor)
+        ros.append(h)
+        return h
+    return factory
+
+
+G1 = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
+
+
+@pytest.fixture(scope='module')
+def g1():
+    """The Unitree G1 assets beside the repository (../shared/robots/unitree_g1): its upstream
+    config, scene and policy; skips with the reason where they are absent."""
+    if not G1.is_dir():
+        pytest.skip(f'robot assets absent: {G1} (the G1 model, policy and config are kept in '
+                    'shared/robots beside the repository, not in it)')
+    torch = pytest.importorskip('torch', reason='torch missing: run tools/bootstrap.sh')
+    from flashrt_ros.sim.robot_world import load_upstream_config
+    cfg = load_upstream_config(G1 / 'deploy_mujoco_g1.yaml')
+    # A 1x64 LSTM step is too small to share: a second torch thread made the 20 s walk 5x
+    # slower on a busy 2-core machine (same results).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield dict(cfg=cfg, scene=G1 / 'scene.xml',
+               policy=lambda: torch.jit.load(str(G1 / 'motion.pt')))
+    torch.set_num_threads(threads)

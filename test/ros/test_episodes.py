@@ -7,7 +7,6 @@ bit-identical actions and world states, and K branches from one snapshot stay in
 """
 import os
 import threading
-import time
 
 import pytest
 
@@ -29,6 +28,7 @@ from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
 from flashrt_ros.sim.cartpole import MujocoWorld  # noqa: E402
 from flashrt_ros.sim.gazebo_world import GazeboWorld, wait_and_call  # noqa: E402
 from flashrt_ros.sim.sim_node import make_sim_node  # noqa: E402
+from support.common import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope='module')
@@ -137,8 +137,7 @@ def test_sim_node_services(system):
     restore = node.create_client(fsrv.Restore, base + '/restore')
     r = wait_and_call(reset, Trigger.Request(), 10.0)
     assert r.success, r.message
-    while action_pub.get_subscription_count() == 0:
-        time.sleep(0.01)
+    wait_for(lambda: action_pub.get_subscription_count() > 0, what='the sim node matched')
 
     def act(value):
         seen = len(obs.msgs)

@@ -23,7 +23,8 @@ from flashrt_ros import msg as fmsg  # noqa: E402
 from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
 from flashrt_ros.interfaces import SERVICE_TYPES  # noqa: E402
 from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
-from test_policy_node import obs, reference_actions, ros, SUCCESS, wait_for  # noqa: E402,F401
+from support.common import obs, wait_for  # noqa: E402
+from support.nodes import reference_actions, SUCCESS  # noqa: E402
 
 NAMES = ['alpha', 'beta', 'gamma']
 PARAMS = dict(policy_type='recurrent', obs_dim=6, act_dim=3, rnn_hidden_dim=16,
@@ -98,7 +99,7 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(ros, tmp_path):  # noqa: F811 - the ros fixture, imported
+def fleet(ros, tmp_path):
     f = Fleet(tmp_path, PARAMS)
     yield f
     f.close()
@@ -169,7 +170,7 @@ def test_services_address_sessions_and_clone_one_robot_onto_another(fleet):
     assert [engine.session(i).step_index for i in range(3)] == [0, 0, 0]
 
 
-def test_sessions_checkpoint_hold_recover_and_resume_alone(ros, tmp_path):  # noqa: F811
+def test_sessions_checkpoint_hold_recover_and_resume_alone(ros, tmp_path):
     """What a single-session node has, per session: periodic checkpoints, on_poison, a hold
     that only the poisoned session is in, ~/recover of that session alone, status and
     diagnostics naming it, and restore_on_start resuming every session from its own file."""
@@ -221,7 +222,7 @@ def test_sessions_checkpoint_hold_recover_and_resume_alone(ros, tmp_path):  # no
         resumed.close()
 
 
-def test_fleet_parameters_are_checked(ros, tmp_path):  # noqa: F811
+def test_fleet_parameters_are_checked(ros, tmp_path):
     for bad, word in [(dict(session_names=['a', 'a', 'b']), 'distinct'),
                       (dict(session_names=['1a', 'b', 'c']), 'ROS name tokens')]:
         node = PolicyNode(f'flashrt_fleet_bad_{os.getpid()}', parameter_overrides=[
@@ -288,7 +289,7 @@ def _close(node, client, spinners):
     client.destroy_node()
 
 
-def test_lockstep_fleet_ticks_once_for_all_robots_and_does_not_wait_forever(ros, tmp_path):  # noqa: F811,E501
+def test_lockstep_fleet_ticks_once_for_all_robots_and_does_not_wait_forever(ros, tmp_path):  # noqa: E501
     node, client, robots, spinners = _terms_fleet(tmp_path, lockstep_wait=0.2)
     try:
         engine = node.engine
@@ -318,7 +319,7 @@ def test_lockstep_fleet_ticks_once_for_all_robots_and_does_not_wait_forever(ros,
 
 
 @pytest.mark.parametrize('sessions', [1, 2], ids=['single', 'fleet'])
-def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, sessions):  # noqa: F811,E501
+def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, sessions):  # noqa: E501
     # a driver that leaves header.stamp at 0: its first reading steps; later ones with new
     # values cannot (one step per stamp) and must be counted and reported, not lost in silence
     from diagnostic_msgs.msg import DiagnosticArray
@@ -358,7 +359,7 @@ def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, ses
         _close(node, client, spinners)
 
 
-def test_timer_fleet_steps_the_robots_with_fresh_readings(ros, tmp_path):  # noqa: F811
+def test_timer_fleet_steps_the_robots_with_fresh_readings(ros, tmp_path):
     node, client, robots, spinners = _terms_fleet(tmp_path, control_mode='timer',
                                                   control_rate=50.0, max_input_age=5.0)
     try:

@@ -6,7 +6,6 @@ so they run on the node's executor as they do under `ros2 lifecycle` or a lifecy
 Actions are compared, bit for bit, with a reference engine (the same policy, built in-process
 without ROS) that never saw the refused inputs or calls.
 """
-import math
 import os
 import random
 import shutil
@@ -20,124 +19,17 @@ pytestmark = pytest.mark.ros
 
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus  # noqa: E402
 from sensor_msgs.msg import JointState  # noqa: E402
-from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-import torch  # noqa: E402
 
 from flashrt_ros.runtime.capsule import Capsule  # noqa: E402
-from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
+from flashrt_ros.client import spin_in_thread  # noqa: E402
 from flashrt_ros.node import parameters as node_params  # noqa: E402
 from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
-from flashrt_ros.node.settings import build_engine, Settings  # noqa: E402
+from support.common import obs, obs_range, wait_for  # noqa: E402
+from support.nodes import RECURRENT, reference_actions, SUCCESS  # noqa: E402
 
-SUCCESS = TransitionCallbackReturn.SUCCESS
-RECURRENT = dict(policy_type='recurrent', obs_dim=6, act_dim=3, rnn_hidden_dim=16)
 HISTORY = dict(policy_type='history', obs_dim=6, act_dim=3, d_model=32, n_layers=2, heads=2,
                history_capacity=256, chunk=4)
-_names = iter(range(10 ** 6))
-
-
-def obs(t, dim=6):
-    """A deterministic observation for index t."""
-    return [math.sin(0.1 * t * (1 + j) + j) * (1 + 0.1 * j) for j in range(dim)]
-
-
-def obs_range(start, count, dim=6):
-    return [obs(t, dim) for t in range(start, start + count)]
-
-
-def wait_for(predicate, timeout=30.0, what='condition'):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f'timed out waiting for {what}')
-        time.sleep(0.01)
-
-
-def reference_actions(params, observations, directory):
-    """Actions of the same policy on a fresh engine (no ROS) that sees only `observations`."""
-    values = {f.name: node_params._default(f) for f in node_params.ALL_FIELDS}
-    values.update(params)
-    node_cfg, policy_cfg = node_params.build(values)
-    node_cfg.device_budget_mb = node_cfg.host_budget_mb = 1024
-    engine = build_engine(Settings(node_cfg, policy_cfg, torch.device('cpu'), str(directory)))
-    return engine, [engine.step(o).tolist() for o in observations]
-
-
-class Harness:
-    """A PolicyNode plus a client node on one executor; the node configured and active."""
-
-    def __init__(self, tmp_path, params, start=True, executor=None):
-        self.name = f'flashrt_policy_t{next(_names)}_{os.getpid()}'
-        self.params = dict(dict(device='cpu', capsule_dir=str(tmp_path / 'capsules'),
-                                status_period=0.1), **params)
-        self.tmp_path = tmp_path
-        overrides = [Parameter(k, value=v) for k, v in self.params.items()]
-        self.node = PolicyNode(self.name, parameter_overrides=overrides)
-        self.client_node = rclpy.create_node(self.name + '_client')
-        self.client = PolicyClient(self.client_node, '/' + self.name, timeout=30.0)
-        # The node on its own executor thread (single-threaded, as its main() runs it, unless
-        # a test composes it into another executor), the client on another.
-        self.node_spinner = spin_in_thread(self.node, executor=executor)
-        self.executor = spin_in_thread(self.client_node)
-        if start:
-            self.transition('configure')
-            self.activate()
-
-    def transition(self, label):
-        """A lifecycle transition asked through <node>/change_state; it must succeed."""
-        assert self.client.change_state(label), f'{label} failed on {self.name}'
-
-    def activate(self):
-        self.transition('activate')
-        self.client.wait_ready()
-        # The action publisher must also have matched the client's subscription, or the
-        # first action could be published to nobody.
-        wait_for(lambda: self.node.parts.robot.sessions[0].action_pub.get_subscription_count() > 0,
-                 what='action subscription')
-
-    def deactivate(self):
-        self.transition('deactivate')
-        wait_for(lambda: self.client._obs_pub.get_subscription_count() == 0,
-                 what='observation subscription gone')
-
-    def steps(self, observations):
-        return [self.client.step(o) for o in observations]
-
-    def call(self, service, **fields):
-        return self.client.call(service, **fields)[0]
-
-    def names(self):
-        return [c.name for c in self.call('list_capsules').capsules]
-
-    def reference(self, observations, params=None):
-        p = dict(self.params, **(params or {}))
-        return reference_actions(p, observations, self.tmp_path / 'reference')[1]
-
-    def close(self):
-        self.executor.shutdown()
-        self.node_spinner.shutdown()
-        self.node.destroy_node()
-        self.client_node.destroy_node()
-
-
-@pytest.fixture
-def ros():
-    rclpy.init()
-    harnesses = []
-    yield harnesses
-    for h in harnesses:
-        h.close()
-    rclpy.shutdown()
-
-
-@pytest.fixture
-def make(ros, tmp_path):
-    def factory(params=RECURRENT, start=True, executor=None):
-        h = Harness(tmp_path, params, start, executor)
-        ros.append(h)
-        return h
-    return factory
 
 
 def refused(response, *words):
@@ -312,7 +204,7 @@ def test_calls_while_inactive_are_refused(make):
     # Observations while inactive are not stepped: no action, no state change.
     n = h.client.actions_received()
     h.client.publish_only(observations[3])
-    time.sleep(0.2)     # time to (wrongly) answer it
+    time.sleep(0.2)     # a check for absence: time to (wrongly) answer it, and none comes
     assert h.client.actions_received() == n
     h.activate()
     got += h.steps(observations[3:])
@@ -502,7 +394,7 @@ def test_invalid_parameter_fails_configure(make, capfd, name, value):
     deadline = time.monotonic() + 5
     while f"parameter '{name}'" not in err and time.monotonic() < deadline:
         err += capfd.readouterr().err
-        time.sleep(0.01)
+        time.sleep(0.01)        # the poll interval of a wait on the log line, 5 s at most
     assert 'configure failed' in err and f"parameter '{name}'" in err, err
     # Fixing the parameter makes the next configure work.
     good = dict({f.name: node_params._default(f) for f in node_params.ALL_FIELDS},
@@ -673,7 +565,7 @@ def test_500hz_burst_every_observation_answered_or_reported(make, stalled):
         t0 = time.perf_counter()
         for i in range(sent):
             h.client.publish_only(obs(i))
-            time.sleep(max(0.0, t0 + (i + 1) * period - time.perf_counter()))
+            time.sleep(max(0.0, t0 + (i + 1) * period - time.perf_counter()))     # 500 Hz
     finally:
         if stalled:
             lock.release()
@@ -692,5 +584,7 @@ def test_500hz_burst_every_observation_answered_or_reported(make, stalled):
         wait_for(lambda: any(d.name == mine and d.level == DiagnosticStatus.WARN
                              and 'lost before the node saw them' in d.message
                              for d in list(diagnostics)), what='WARN diagnostics of the loss')
-    time.sleep(0.5)         # nothing more arrives: the counts were final, not a passing sum
+    # a check for absence: nothing more arrives within 0.5 s, so the counts were final, not
+    # a passing sum
+    time.sleep(0.5)
     assert h.node.engine.step_index == s.step

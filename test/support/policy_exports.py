@@ -3,9 +3,9 @@
 Nothing here writes a policy file by hand. rsl_rl's own runner builds, saves, loads and exports
 the actors: rsl-rl-lib 3.x and 5.x (pinned in requirements/test.txt) are installed side by side
 under .venv/rsl_rl/ by tools/bootstrap.sh, and each version runs in its own subprocess
-(`python test/policy_exports.py build VERSION DIR`), since two versions of one package cannot
-share an interpreter. The only stand-ins are a one-environment VecEnv (the runner asks it for
-the observation shapes; nothing is trained) and the exporters of projects that are not
+(`python test/support/policy_exports.py build VERSION DIR`), since two versions of one package
+cannot share an interpreter. The only stand-ins are a one-environment VecEnv (the runner asks it
+for the observation shapes; nothing is trained) and the exporters of projects that are not
 installable from PyPI, copied from their source: Isaac Lab's _TorchPolicyExporter
 (isaaclab_rl/rsl_rl/exporter.py, the GRU-aware version) and legged_gym's PolicyExporterLSTM
 (legged_gym/utils/helpers.py).
@@ -29,7 +29,7 @@ import warnings
 import numpy as np
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RSL_RL_DIR = ROOT / '.venv' / 'rsl_rl'
 REQUIREMENTS = ROOT / 'requirements' / 'test.txt'
 G1_FILE = ROOT.parent / 'shared' / 'robots' / 'unitree_g1' / 'motion.pt'

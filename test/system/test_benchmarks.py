@@ -9,10 +9,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.run import SECTIONS
 from benchmarks.sections import finite_numbers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MEASURED = ('capsule_ops', 'live_bytes_scaling', 'first_action', 'kv_ablation',
             'control_step', 'baseline')
 
@@ -50,6 +52,7 @@ def test_smoke_run_has_every_section_finite_and_identical(tmp_path):
         assert heading in table, heading
 
 
+@pytest.mark.slow
 def test_ros_section_runs_or_says_why(tmp_path):
     data, _ = _run(tmp_path, '--sections', 'ros')
     ros = data['sections']['ros']

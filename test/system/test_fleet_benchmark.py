@@ -15,7 +15,7 @@ import sys
 from benchmarks.fleet import CONFIGS, POLICIES, SECTIONS
 from benchmarks.sections import finite_numbers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = CONFIGS['smoke']
 
 

@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 pytestmark = pytest.mark.ros
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _prefix():

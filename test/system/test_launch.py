@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-LAUNCH = sorted((pathlib.Path(__file__).resolve().parents[1] / 'launch').glob('*.launch.py'))
+LAUNCH = sorted((pathlib.Path(__file__).resolve().parents[2] / 'launch').glob('*.launch.py'))
 
 
 def test_launch_files_exist_and_compile():

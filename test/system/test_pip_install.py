@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / 'flashrt_ros'
 # what a source checkout holds besides the package and its setup files; none is installed
 _NOT_COPIED = ('.git', '.venv', 'build', 'install', 'log', '__pycache__', '*.pyc')

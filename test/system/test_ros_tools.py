@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROS_TOOLS = ROOT.parent / 'shared' / 'ros-tools'
 ROS2 = shutil.which('ros2')
 DAEMON = ROS2 and shutil.which('_ros2_daemon', path=os.path.dirname(ROS2))
@@ -150,6 +150,7 @@ def test_interface_show(ros):
     assert 'builtin_interfaces/Time stamp' in response      # resolved from the venv's index
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('namespace', ['', 'robot1'])
 def test_policy_launch_takes_the_params_file(ros, namespace):
     node = start_policy(ros, *[f'namespace:={namespace}'] * bool(namespace))
@@ -204,6 +205,7 @@ def call(ros, node, service, srv_type, request):
                     request)
 
 
+@pytest.mark.slow
 def test_lifecycle_set_through_every_transition(ros):
     node = start_policy(ros, 'namespace:=lc', autostart=False)
     assert ros.node('lifecycle get', node) == 'unconfigured [1]\n'
@@ -222,6 +224,7 @@ def test_lifecycle_set_through_every_transition(ros):
     assert ros.launches[0].poll() is None, 'the launch ended'
 
 
+@pytest.mark.slow
 def test_change_state_by_invalid_id_is_answered_and_refused(ros):
     """What launch_ros's configure-then-activate event pattern sends when autostart is on;
     `ros2 lifecycle set` checks the transition itself, so the service is called directly."""
@@ -261,6 +264,7 @@ def test_param_dump_get_set_describe(ros):
     assert ros.node('param get', node, 'rnn_hidden_dim') == 'Integer value is: 32\n'
 
 
+@pytest.mark.slow
 def test_service_call_snapshot_and_restore(ros):
     node = start_policy(ros, 'namespace:=srv')
     out = call(ros, node, 'snapshot', 'Snapshot', '{name: cli_mid}')
@@ -273,6 +277,7 @@ def test_service_call_snapshot_and_restore(ros):
                                         'flashrt_ros/srv/ListCapsules')
 
 
+@pytest.mark.slow
 def test_fleet_node_from_the_command_line(ros):
     """A fleet node launched with sessions in its params file; the session field from
     `ros2 service call`, a per-session topic seen by `ros2 topic list`."""
@@ -290,6 +295,7 @@ def test_fleet_node_from_the_command_line(ros):
     assert f'{node}/left/observation' in topics and f'{node}/observations' in topics, topics
 
 
+@pytest.mark.slow
 def test_topic_echo_of_the_action_and_a_live_parameter(ros):
     node = start_policy(ros)
     # checkpoint_every is live: set now, it must take effect on the next steps

@@ -2,15 +2,10 @@
 system faults on real mounts (full, read-only), permissions with CAP_DAC_OVERRIDE dropped,
 reserved checkpoint names and signed files."""
 
-import contextlib
 import errno
 import json
 import os
-import pathlib
-import shutil
 import struct
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,9 +19,9 @@ from flashrt_ros.runtime.errors import (BudgetExceeded, CapsuleExists, CorruptCa
                                         IncompatibleCapsule, InvalidConfig, InvalidName,
                                         PathOutsideDirectory, ReservedName, StorageError,
                                         UnknownCapsule, UntrustedCapsule)
+from support.filesystems import fill, remount_read_only, tmpfs, without_dac
 
 SCHEMA, MODEL = 'a' * 64, 'b' * 64
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 KEY = bytes(range(32))
 
 
@@ -193,56 +188,6 @@ def test_corrupt_spill_file_detected(store):
         store.data_on('a', 'cpu')
     store.delete('a')
     assert not os.path.exists(path)
-
-
-# -- helpers: real mounts and dropped capabilities ------------------------------------------------
-
-@contextlib.contextmanager
-def tmpfs(path, size='64k'):
-    """A real tmpfs at `path` (skips with the reason when mounting is refused)."""
-    os.makedirs(path, exist_ok=True)
-    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size},mode=0755', 'tmpfs',
-                        str(path)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f'cannot mount a tmpfs (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}')
-    try:
-        yield path
-    finally:
-        if subprocess.run(['umount', str(path)], capture_output=True).returncode:
-            subprocess.run(['umount', '-l', str(path)], capture_output=True)
-
-
-def remount_read_only(path):
-    # A read-only mount, not mode bits: root ignores those.
-    r = subprocess.run(['mount', '-o', 'remount,ro', str(path)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f'cannot remount {path} read-only: {r.stderr.strip()}')
-
-
-def fill(path):
-    """Fill the file system holding `path` until it reports ENOSPC."""
-    with open(os.path.join(path, 'filler'), 'wb', buffering=0) as f:
-        try:
-            while True:
-                f.write(b'\0' * 4096)
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-
-
-def without_dac(code, *args):
-    """Run Python `code` in a subprocess that cannot bypass file permissions (root with
-    CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH dropped via setpriv). Returns its stdout."""
-    cmd = [sys.executable, '-c', f'import sys; sys.path.insert(0, {str(ROOT)!r})\n{code}', *args]
-    if os.geteuid() == 0:
-        if shutil.which('setpriv') is None:
-            pytest.skip('setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE as root')
-        cmd = ['setpriv', '--inh-caps=-all',
-               '--bounding-set=-dac_override,-dac_read_search', *cmd]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
-    if r.returncode and 'setpriv' in r.stderr:
-        pytest.skip(f'setpriv refused to drop capabilities: {r.stderr.strip()}')
-    assert r.returncode == 0, r.stderr
-    return r.stdout
 
 
 # -- tiers on the CPU ---------------------------------------------------------------------------

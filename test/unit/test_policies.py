@@ -8,6 +8,7 @@ import torch.nn as nn
 from flashrt_ros.runtime.errors import CapacityExceeded, InvalidConfig
 from flashrt_ros.runtime.policies import gaussian_noise, HistoryPolicy, linear_scan, make_policy
 from flashrt_ros.runtime.state import BufferSpec, KINDS, META_POSITION, StateArena
+from support.rsl_models import ExportedGRU, ExportedLSTM, Normalizer, rsl_actor
 
 OBS, ACT = 12, 4
 REC = dict(rnn_hidden_dim=32, actor_hidden_dims=(32, 16))
@@ -210,62 +211,14 @@ def test_linear_scan_matches_sequential_recurrence():
 
 # ------------------------------------------------------------ rsl_rl / Isaac Lab formats
 
-class _Normalizer(nn.Module):
-    # rsl_rl EmpiricalNormalization's inference path: (x - _mean) / (_std + eps)
-    def __init__(self, n):
-        super().__init__()
-        self.eps = 1e-2
-        self.register_buffer('_mean', torch.randn(1, n))
-        self.register_buffer('_var', torch.rand(1, n) + 0.5)
-        self.register_buffer('_std', self._var.sqrt())
-        self.register_buffer('count', torch.tensor(100, dtype=torch.long))
-
-    def forward(self, x):
-        return (x - self._mean) / (self._std + self.eps)
-
-
-class _ExportedLSTM(nn.Module):
-    # the layout rsl_rl / Isaac Lab's _TorchPolicyExporter scripts into policy.pt
-    def __init__(self, actor, rnn, normalizer):
-        super().__init__()
-        self.actor, self.rnn, self.normalizer = actor, rnn, normalizer
-        self.register_buffer('hidden_state', torch.zeros(rnn.num_layers, 1, rnn.hidden_size))
-        self.register_buffer('cell_state', torch.zeros(rnn.num_layers, 1, rnn.hidden_size))
-
-    def forward(self, x):
-        x = self.normalizer(x)
-        x, (h, c) = self.rnn(x.unsqueeze(0), (self.hidden_state, self.cell_state))
-        self.hidden_state[:] = h
-        self.cell_state[:] = c
-        return self.actor(x.squeeze(0))
-
-    @torch.jit.export
-    def reset(self):
-        self.hidden_state[:] = 0.0
-        self.cell_state[:] = 0.0
-
-
-class _ExportedGRU(_ExportedLSTM):
-    def forward(self, x):
-        x = self.normalizer(x)
-        x, h = self.rnn(x.unsqueeze(0), self.hidden_state)
-        self.hidden_state[:] = h
-        return self.actor(x.squeeze(0))
-
-
-def _rsl_actor(activation):
-    act = {'elu': nn.ELU, 'tanh': nn.Tanh}[activation]
-    return nn.Sequential(nn.Linear(32, 32), act(), nn.Linear(32, 16), act(), nn.Linear(16, ACT))
-
-
 @pytest.mark.parametrize('rnn_type,layers,normalize,activation', [
     ('lstm', 1, False, 'elu'), ('lstm', 2, True, 'tanh'), ('gru', 1, True, 'elu')])
 def test_torchscript_policy_round_trip(tmp_path, rnn_type, layers, normalize, activation):
     torch.manual_seed(9)
     rnn = (nn.LSTM if rnn_type == 'lstm' else nn.GRU)(OBS, 32, layers)
-    exported_cls = _ExportedLSTM if rnn_type == 'lstm' else _ExportedGRU
-    normalizer = _Normalizer(OBS) if normalize else nn.Identity()
-    exported = torch.jit.script(exported_cls(_rsl_actor(activation), rnn, normalizer))
+    exported_cls = ExportedLSTM if rnn_type == 'lstm' else ExportedGRU
+    normalizer = Normalizer(OBS) if normalize else nn.Identity()
+    exported = torch.jit.script(exported_cls(rsl_actor(activation, ACT), rnn, normalizer))
     exported.save(str(tmp_path / 'policy.pt'))
     policy = make_policy('recurrent', OBS, ACT, file=str(tmp_path / 'policy.pt'))
     # run as the file itself, with the buffers its forward overwrites adopted as state
@@ -289,7 +242,7 @@ def test_torchscript_policy_round_trip(tmp_path, rnn_type, layers, normalize, ac
 def _rsl_checkpoint(rnn_type='lstm'):
     torch.manual_seed(10)
     memory_a = (nn.LSTM if rnn_type == 'lstm' else nn.GRU)(OBS, 32, 1)
-    actor, normalizer = _rsl_actor('elu'), _Normalizer(OBS)
+    actor, normalizer = rsl_actor('elu', ACT), Normalizer(OBS)
     sd = {f'memory_a.rnn.{k}': v for k, v in memory_a.state_dict().items()}
     sd.update({f'actor.{k}': v for k, v in actor.state_dict().items()})
     sd.update({f'actor_obs_normalizer.{k}': v for k, v in normalizer.state_dict().items()})
@@ -398,8 +351,8 @@ def test_scripted_policy_captured_equals_eager_and_the_file_on_cuda(tmp_path, rn
     from flashrt_ros.runtime.engine import PolicyEngine
     torch.manual_seed(11)
     rnn = (nn.LSTM if rnn_type == 'lstm' else nn.GRU)(OBS, 32, 1)
-    cls = _ExportedLSTM if rnn_type == 'lstm' else _ExportedGRU
-    exported = torch.jit.script(cls(_rsl_actor('elu'), rnn, _Normalizer(OBS)))
+    cls = ExportedLSTM if rnn_type == 'lstm' else ExportedGRU
+    exported = torch.jit.script(cls(rsl_actor('elu', ACT), rnn, Normalizer(OBS)))
     exported.save(str(tmp_path / 'policy.pt'))
     feedback = (OBS - ACT, ACT, [1.0], [0.0], None)
     path = str(tmp_path / 'policy.pt')

@@ -1,7 +1,7 @@
 '''Every real policy file format, through the engine, bit for bit against the file itself.
 
-The files are made by the code that defines each format (test/policy_exports.py: rsl_rl 3.x
-and >= 4 runners, Isaac Lab's and legged_gym's exporters) plus Unitree's shipped G1 policy.
+The files are made by the code that defines each format (test/support/policy_exports.py: rsl_rl
+3.x and >= 4 runners, Isaac Lab's and legged_gym's exporters) plus Unitree's shipped G1 policy.
 For each: 200 seeded observations through PolicyEngine give exactly the actions of the file
 run directly (TorchScript under torch.no_grad(), checkpoints through rsl_rl's own inference
 policy); a snapshot/restore replays exactly; reset_episode gives the first episode again; on
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import policy_exports
+from support import policy_exports
 
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.errors import InvalidConfig
@@ -72,7 +72,8 @@ def assert_same(got, want, what):
                     f'(first differing step {first} of {len(got)})')
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow)  # 3-25 s each
+                                  if 'lstm' in n or 'gru' in n else n for n in NAMES])
 def test_engine_gives_the_files_actions_and_replays_them(name, export_for, tmp_path):
     export = export_for(name)
     obs = policy_exports.observations(export.obs_dim)

@@ -1,14 +1,13 @@
 """RobotWorld (flashrt_ros/sim/robot_world.py): a floating-base robot under joint PD control.
 
 The Unitree G1 tests need the assets in ../shared/robots/unitree_g1 (beside the repository) and
-skip with the reason where they are absent; the small inline model's tests always run. No ROS,
-except the last test (the `flashrt_sim` node in 'mjcf' mode), which skips without rclpy.
+skip with the reason where they are absent (the `g1` fixture, test/conftest.py); the small
+inline model's tests always run. No ROS (the `flashrt_sim` node in 'mjcf' mode:
+test/ros/test_sim_node_mjcf.py).
 Checks: the pretrained G1 policy walks with upstream's loop (and, without target clipping, the
 world reproduces unitree_rl_gym's deploy_mujoco.py loop bit for bit); snapshot/restore replays
 bit for bit; a push changes the trajectory, deterministically; bad input gets a clear error.
 """
-import pathlib
-import threading
 import time
 
 import numpy as np
@@ -18,10 +17,8 @@ mujoco = pytest.importorskip('mujoco', reason='mujoco missing: '
                              'pip install -r requirements/runtime.txt')
 
 from flashrt_ros.sim.robot_world import (  # noqa: E402
-    load_upstream_config, RobotWorld, upstream_world, UpstreamController)
+    RobotWorld, upstream_world, UpstreamController)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-G1 = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
 PERIODS_20S = 1000      # 20 s at upstream's 50 Hz policy rate
 
 BOX = """
@@ -57,22 +54,6 @@ def box_world(tmp_path, quat='1 0 0 0', actuator1='<motor name="m1" joint="j1"/>
     args = dict(kps=[5.0, 5.0], kds=[0.1, 0.1], default_angles=[0.0, 0.0], decimation=10)
     args.update(kw)
     return RobotWorld(path, **args)
-
-
-@pytest.fixture(scope='module')
-def g1():
-    if not G1.is_dir():
-        pytest.skip(f'robot assets absent: {G1} (the G1 model, policy and config are kept in '
-                    'shared/robots beside the repository, not in it)')
-    torch = pytest.importorskip('torch', reason='torch missing: run tools/bootstrap.sh')
-    cfg = load_upstream_config(G1 / 'deploy_mujoco_g1.yaml')
-    # A 1x64 LSTM step is too small to share: a second torch thread made the 20 s walk 5x
-    # slower on a busy 2-core machine (same results).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield dict(cfg=cfg, scene=G1 / 'scene.xml',
-               policy=lambda: torch.jit.load(str(G1 / 'motion.pt')))
-    torch.set_num_threads(threads)
 
 
 def readings(world):
@@ -313,150 +294,3 @@ def test_bad_input_is_refused_clearly(tmp_path):
         '<freejoint name="root"/>', ''))
     with pytest.raises(ValueError, match='no free joint'):
         RobotWorld(fixed, [1.0], [0.1], [0.0])
-
-
-# -- the flashrt_sim node in 'mjcf' mode ---------------------------------------------------------
-
-
-class _Latest:
-    """Messages of one topic, with a wait for the n-th."""
-
-    def __init__(self, node, msg_type, topic):
-        self.msgs, self.cond = [], threading.Condition()
-        node.create_subscription(msg_type, topic, self._on, 10)
-
-    def _on(self, msg):
-        with self.cond:
-            self.msgs.append(msg)
-            self.cond.notify_all()
-
-    def wait(self, n, timeout=10.0):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.msgs) >= n, timeout), \
-                f'{n} messages expected, {len(self.msgs)} came'
-            return self.msgs[n - 1]
-
-
-class _FromMessages:
-    """What UpstreamController reads from a world, rebuilt from the published messages."""
-
-    def __init__(self, js, imu, sim_dt):
-        stamp = js.header.stamp
-        self.steps = round((stamp.sec + stamp.nanosec * 1e-9) / sim_dt)
-        self._js = (list(js.name), np.array(js.position), np.array(js.velocity),
-                    np.array(js.effort))
-        o, w, a = imu.orientation, imu.angular_velocity, imu.linear_acceleration
-        self._imu = (np.array([o.w, o.x, o.y, o.z]), np.array([w.x, w.y, w.z]),
-                     np.array([a.x, a.y, a.z]))
-
-    def joint_state(self):
-        return self._js
-
-    def imu(self):
-        return self._imu
-
-
-@pytest.mark.ros
-def test_sim_node_mjcf_mode_walks_over_topics(g1):
-    """The policy loop closed over ROS topics: same walk as in process, bit for bit."""
-    rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
-    from geometry_msgs.msg import PoseStamped
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.parameter import Parameter
-    from sensor_msgs.msg import Imu, JointState
-    from std_msgs.msg import Float64MultiArray
-    from std_srvs.srv import Trigger
-
-    from flashrt_ros import srv as fsrv
-    from flashrt_ros.sim.sim_node import make_sim_node
-
-    cfg, periods = g1['cfg'], 60
-    params = dict(world='mjcf', mjcf_path=str(g1['scene']),
-                  kps=[int(k) for k in cfg['kps']],          # YAML integers are accepted
-                  kds=cfg['kds'].astype(float).tolist(),
-                  default_angles=cfg['default_angles'].astype(float).tolist(),
-                  sim_dt=cfg['simulation_dt'], decimation=cfg['control_decimation'])
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx)
-    sim = make_sim_node('flashrt_sim_mjcf', context=ctx, parameter_overrides=[
-        Parameter(k, value=v) for k, v in params.items()])
-    node = rclpy.create_node('mjcf_test_client', context=ctx)
-    executor = SingleThreadedExecutor(context=ctx)
-    executor.add_node(sim)
-    executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-    try:
-        base = '/flashrt_sim_mjcf'
-        js = _Latest(node, JointState, base + '/joint_states')
-        imu = _Latest(node, Imu, base + '/imu')
-        pose = _Latest(node, PoseStamped, base + '/base_pose')
-        cmd = node.create_publisher(Float64MultiArray, base + '/joint_commands', 10)
-        snapshot = node.create_client(fsrv.Snapshot, base + '/snapshot')
-        restore = node.create_client(fsrv.Restore, base + '/restore')
-        pubs = (sim.robot.joint_pub, sim.robot.imu_pub, sim.robot.pose_pub)
-        deadline = time.monotonic() + 10.0
-        while cmd.get_subscription_count() == 0 or any(
-                pub.get_subscription_count() == 0 for pub in pubs):
-            assert time.monotonic() < deadline, 'the sim node and the client did not match'
-            time.sleep(0.01)
-
-        def call(client, name):
-            assert client.wait_for_service(timeout_sec=10.0)
-            request = client.srv_type.Request()
-            request.name = name
-            future = client.call_async(request)
-            end = time.monotonic() + 10.0
-            while not future.done():
-                assert time.monotonic() < end, f'{client.srv_name} did not answer'
-                time.sleep(0.0005)
-            return future.result()
-
-        # Lock-step: the node's reset published nothing yet (no subscriber then); a restore of
-        # a snapshot taken now publishes the start readings.
-        assert call(snapshot, 'start').success
-        assert call(restore, 'start').success
-        n = 1
-        world = upstream_world(g1['scene'], cfg)
-        ours = UpstreamController(g1['policy'](), cfg)
-        theirs = UpstreamController(g1['policy'](), cfg)
-        for _ in range(periods):
-            j, i, p = js.wait(n), imu.wait(n), pose.wait(n)
-            assert j.header.stamp == i.header.stamp == p.header.stamp
-            assert i.header.frame_id == 'pelvis' and p.header.frame_id == 'world'
-            got = np.array([p.pose.position.x, p.pose.position.y, p.pose.position.z])
-            assert got.tobytes() == world.base_position().tobytes()
-            assert np.array(j.position).tobytes() == world.joint_state()[1].tobytes()
-            targets = theirs(_FromMessages(j, i, cfg['simulation_dt']))
-            world.step(ours(world))
-            cmd.publish(Float64MultiArray(data=targets.astype(float).tolist()))
-            n += 1
-        pose.wait(n)
-        assert pose.msgs[-1].pose.position.x > 0.2, 'the G1 did not walk forward over ROS'
-        # A wrong-length command is refused (logged); the node carries on.
-        cmd.publish(Float64MultiArray(data=[0.0] * 3))
-        assert call(restore, 'start').success
-        assert pose.wait(n + 1).pose.position.x == pose.msgs[0].pose.position.x
-        assert sim.world.steps == cfg['control_decimation']
-        # ~/step: one period holding the last targets, published like a command.
-        step = node.create_client(Trigger, base + '/step')
-        assert step.wait_for_service(timeout_sec=10.0)
-        future = step.call_async(Trigger.Request())
-        end = time.monotonic() + 10.0
-        while not future.done():
-            assert time.monotonic() < end, '~/step did not answer'
-            time.sleep(0.0005)
-        assert future.result().success
-        stamp = js.wait(n + 2).header.stamp
-        assert stamp.sec + stamp.nanosec * 1e-9 == pytest.approx(
-            2 * cfg['control_decimation'] * cfg['simulation_dt'])
-        with pytest.raises(ValueError, match="'mjcf' needs the parameters kps, kds"):
-            make_sim_node('flashrt_sim_bad', context=ctx, parameter_overrides=[
-                Parameter('world', value='mjcf'), Parameter('mjcf_path', value='x.xml'),
-                Parameter('default_angles', value=[0.0])])
-    finally:
-        executor.shutdown()
-        spinner.join(timeout=5.0)
-        sim.destroy_node()
-        node.destroy_node()
-        rclpy.try_shutdown(context=ctx)

@@ -15,7 +15,7 @@ from flashrt_ros.runtime.errors import (FlashRTError, InvalidConfig, ReservedNam
                                         StorageError)
 from flashrt_ros.runtime.policies import make_policy
 from flashrt_ros.runtime.recovery import checkpoint_name, checkpoint_sequence, Recovery
-from test_capsule import fill, remount_read_only, tmpfs, without_dac
+from support.filesystems import fill, remount_read_only, tmpfs, without_dac
 
 OBS = 8
 

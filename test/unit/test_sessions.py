@@ -10,7 +10,7 @@ import torch
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.errors import InvalidConfig, RollbackUnavailable
 from flashrt_ros.runtime.policies import make_policy, ScriptedPolicy
-from test_policies import _ExportedLSTM, _rsl_actor
+from support.rsl_models import ExportedLSTM, rsl_actor
 
 OBS, ACT, N = 12, 4, 5
 SMALL = dict(actor_hidden_dims=(32, 16))
@@ -38,8 +38,8 @@ def _policy(kind, sizes, obs_history, tmp_path):
         path = tmp_path / 'policy.pt'
         if not path.exists():
             torch.manual_seed(9)
-            module = _ExportedLSTM(_rsl_actor('elu'), torch.nn.LSTM(OBS, 32, 1),
-                                   torch.nn.Identity())
+            module = ExportedLSTM(rsl_actor('elu', ACT), torch.nn.LSTM(OBS, 32, 1),
+                                  torch.nn.Identity())
             torch.jit.script(module).save(str(path))
         policy = make_policy('recurrent', OBS, ACT, file=str(path))
         assert isinstance(policy, ScriptedPolicy)

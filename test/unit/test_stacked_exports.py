@@ -1,6 +1,6 @@
 '''obs_history with files that take a stacked window: TorchScript and ONNX exports of a
 humanoid-gym actor (15 frames, oldest first) and a HIMLoco estimator + actor (6 frames, newest
-first), made by torch.jit.script and torch.onnx.export (test/stacked_exports.py).
+first), made by torch.jit.script and torch.onnx.export (test/support/stacked_exports.py).
 
 The engine is fed one frame at a time; the file is fed the window the test builds by hand
 (zeros before the first frame, in the project's order). TorchScript: the file's own actions,
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import policy_exports
-import stacked_exports
+from support import policy_exports
+from support import stacked_exports
 
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.policies import make_policy
@@ -88,7 +88,8 @@ def test_the_window_order_decides_the_actions(name, folder, tmp_path):
 
 
 @pytest.mark.parametrize('exporter', sorted(stacked_exports.ONNX_EXPORTERS))
-@pytest.mark.parametrize('name', LAYOUTS)
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow)  # 15-17 s each
+                                  if n == 'himloco' else n for n in LAYOUTS])
 def test_onnx_window_equals_the_conversion_fed_by_hand(name, exporter, folder, tmp_path):
     _need('onnx', 'onnx2pytorch', 'onnxruntime', *(['onnxscript'] if exporter == 'dynamo18'
                                                    else []))

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import tokenize
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DIRS = ['flashrt_ros', 'test', 'launch', 'benchmarks', 'scripts', 'setup.py']
 
 

@@ -20,7 +20,7 @@ from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.observation import ObservationLayout
 from flashrt_ros.runtime.policies import make_policy, TermHistory
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUNDLE = ROOT.parent / 'shared' / 'robots' / 'unitree_rl_lab_g1_velocity'
 ONNX = BUNDLE / 'exported' / 'policy.onnx'
 needs_bundle = pytest.mark.skipif(

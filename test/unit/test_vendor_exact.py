@@ -27,7 +27,7 @@ from flashrt_ros.runtime.policies import make_policy
 
 mujoco = pytest.importorskip('mujoco', reason='needs mujoco (the G1 world)')
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
 pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
                                 reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
