@@ -96,7 +96,7 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
   quiet_pip install --no-deps -r requirements/onnx.txt
   # Test fixtures (requirements/test.txt), all --no-deps so pip never replaces the pinned torch:
   # each rsl-rl-lib pin in its own folder (two versions cannot share one site-packages), the
-  # rest in deps/. Only the fixture builder (test/policy_exports.py) puts them on sys.path.
+  # rest in deps/. Only the fixture builder (test/support/policy_exports.py) puts them on sys.path.
   rm -rf "$VENV/rsl_rl" && mkdir -p "$VENV/rsl_rl"
   for pin in $(grep -E '^rsl-rl-lib==' requirements/test.txt); do
     quiet_pip install --no-deps --target "$VENV/rsl_rl/${pin#rsl-rl-lib==}" "$pin"

@@ -9,7 +9,7 @@ as is: no keyframe, as unitree_rl_gym's deploy_mujoco.py does) and holds `defaul
 one period, as that loop does before its first policy call. With targets computed as upstream
 computes them (float32 policy output, float32 gains and default angles widened to float64),
 and clip_targets=False, the trajectory is upstream's, bit for bit (`UpstreamController` below
-builds them; test/test_robot_world.py checks it against upstream's loop written out).
+builds them; test/unit/test_robot_world.py checks it against upstream's loop written out).
 
 Readings, taken at the end of each period and kept with the world's snapshots:
   joint_state() -> (names, q, dq, tau): tau is the joint actuator force applied in the last
