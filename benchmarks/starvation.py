@@ -164,6 +164,10 @@ def main(argv=None):
                     help='also measure the node of this git commit, side by side')
     ap.add_argument('--param', action='append', default=[], metavar='NAME:=VALUE',
                     help='also measure the current node with this parameter (repeatable)')
+    ap.add_argument('--stream-priority', type=int, default=0, metavar='1-99',
+                    help='run this process (the robot side: stream and its receiver) under '
+                    'SCHED_FIFO, so that on a saturated machine the instrument does not add '
+                    'its own scheduling delay to what it measures; 0: the default scheduler')
     ap.add_argument('--commit', default='',
                     help='the flashrt_ros commit of this tree, when it is not a git checkout')
     ap.add_argument('--out', default=str(ROOT / 'benchmarks' / 'results'),
@@ -173,7 +177,7 @@ def main(argv=None):
               'warmup_s': args.warmup, 'clients': args.clients, 'rate': args.rate,
               'drain_s': DRAIN_S, 'qos': f'reliable, keep-last {QOS_DEPTH}',
               'obs_dim': OBS_DIM, 'act_dim': ACT_DIM, 'baseline': args.baseline,
-              'node_params': args.param,
+              'node_params': args.param, 'stream_priority': args.stream_priority,
               'command': 'python -m benchmarks.starvation ' + ' '.join(
                   sys.argv[1:] if argv is None else argv)}
     try:
@@ -184,6 +188,11 @@ def main(argv=None):
     if spec is None:
         return skipped('policy_node executable not found on AMENT_PREFIX_PATH (source '
                        'tools/env.sh)', args, params)
+    if args.stream_priority:
+        # this thread and the threads made after it (stream, receiver); RESET_ON_FORK: the
+        # node and the client processes start on the default scheduler
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK,
+                              os.sched_param(args.stream_priority))
     env = environment(args.device, args.commit)
     workdir = tempfile.mkdtemp(prefix='frt-starvation-')
     policy_file = pathlib.Path(workdir) / 'echo_policy.pt'

@@ -99,7 +99,9 @@ def render(result):
            f'loaded {p["seconds"]} s with {p["clients"]} client processes calling '
            f'snapshot/restore/list_capsules back to back; lost = no action {DRAIN_S:g} s '
            f'after the last send. Policy: {result["policy"]["layers"]} TorchScript, '
-           f'action[0] = observation[0].', '',
+           f'action[0] = observation[0]. Stream process: '
+           + (f'SCHED_FIFO {p["stream_priority"]}' if p.get('stream_priority')
+              else 'default scheduler') + '.', '',
            'CPU: machine = busy share of all cores over the phase; node = the node process, '
            '% of one core.', '',
            '| node | phase | sent | lost | lost % | p50 ms | p99 ms | max ms | '

@@ -56,7 +56,7 @@ def pytest_configure(config):
     # Each test session gets a DDS domain of its own and stays on this host, so two runs on
     # one machine never talk to each other. A domain set by the caller is kept (CI, a
     # developer pinning one), but then the caller keeps parallel runs apart.
-    if 'ROS_DOMAIN_ID' not in os.environ:
+    if not os.environ.get('ROS_DOMAIN_ID'):
         os.environ['ROS_DOMAIN_ID'] = _claim_domain()
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
 
