@@ -7,6 +7,7 @@ pip, benchmark runs). Fixtures that need rclpy or mujoco import them when used, 
 layer runs without either.
 """
 import fcntl
+import logging
 import os
 import pathlib
 import random
@@ -71,6 +72,17 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     return 'cuda: %s' % ('available' if _cuda_available() else
                          'not available (cuda-marked tests are skipped)')
+
+
+@pytest.fixture(autouse=True)
+def _python_logging_as_it_was():
+    """`launch` (imported by the launch and ros2-tool tests) installs a logger class whose
+    loggers do not propagate; a logger made after that (the engine makes its own at its first
+    warning) would never reach caplog in a later test. Put the class back after each test."""
+    logger_class = logging.getLoggerClass()
+    yield
+    if logging.getLoggerClass() is not logger_class:
+        logging.setLoggerClass(logger_class)
 
 
 # -- fixtures shared by several test modules ---------------------------------------------------
