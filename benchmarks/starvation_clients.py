@@ -20,6 +20,9 @@ def client_process(k, target, events, stop):
     restore(c<k>), list_capsules, in a loop as fast as answers come, until `stop`. Each call
     is recorded as (service, completion time, round trip s, success); one 'ready' event after
     the first call, the records in one 'done' event at the end.'''
+    from .starvation_node import default_scheduler
+
+    default_scheduler()
     calls, errors = [], []
     try:
         import rclpy

@@ -114,9 +114,16 @@ def baseline_node(ref, workdir):
             'module': module, 'commit': sha}
 
 
+def default_scheduler():
+    '''The calling process back on the default scheduler (the node and the clients must not
+    inherit the measuring process's --stream-priority).'''
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 def start_node(spec, args, log_path):
     env = dict(os.environ, **spec['env'])
     log_file = open(log_path, 'w')
     proc = subprocess.Popen(spec['command'] + args, stdout=log_file, stderr=subprocess.STDOUT,
-                            env=env, cwd=spec['cwd'])
+                            env=env, cwd=spec['cwd'], preexec_fn=default_scheduler)
     return proc, log_file

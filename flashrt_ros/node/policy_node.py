@@ -18,6 +18,7 @@ services addressed by their `session` field. A single-session node is a fleet of
 """
 from dataclasses import dataclass
 from functools import partial
+import sys
 import threading
 
 from diagnostic_msgs.msg import DiagnosticArray
@@ -37,6 +38,7 @@ from flashrt_ros.node.settings import build_engine, load_settings
 from flashrt_ros.runtime.engine import EPISODE_START
 from flashrt_ros.runtime.errors import FlashRTError
 
+GIL_SWITCH_INTERVAL = 0.0005  # s: see main()
 _CHECKPOINT_SETTINGS = ('checkpoint_every', 'checkpoint_keep', 'checkpoint_to_disk')
 
 
@@ -308,6 +310,11 @@ def _autostart(node):
 
 
 def main(args=None):
+    # Python hands the GIL to a waiting thread only after the holder ran this long (default
+    # 5 ms): the control thread, woken by an observation while a service call runs Python on
+    # the executor's thread, waited up to that long for it. 0.5 ms (measured with
+    # benchmarks/starvation.py; see the README) bounds that wait for a small cost in switches.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     rclpy.init(args=args)
     # The executor of executors.make_executor spins services, parameters and status; the
     # control group spins on the node's own control thread.
