@@ -121,8 +121,9 @@ class _GroupExecutor(SingleThreadedExecutor):
 
 class ControlThread:
     """Spins `group` (a ControlGroup) of `node` on a thread of its own, from start() until
-    stop(). wake() after creating or destroying entities of the group: the node wakes only
-    the executor it was added to."""
+    stop(). Create the group's entities before start() and destroy them after stop(): the
+    node wakes only the executor it was added to, so this thread would not see a change to
+    its wait set until its next wake (at most 0.5 s)."""
 
     def __init__(self, node, group):
         self._node, self._group = node, group
@@ -138,10 +139,6 @@ class ControlThread:
         self._thread = threading.Thread(target=self._spin, daemon=True,
                                         name=f'{self._node.get_name()} control')
         self._thread.start()
-
-    def wake(self):
-        if self._executor is not None:
-            self._executor.wake()
 
     def _spin(self):
         self._group.thread_id = threading.get_ident()

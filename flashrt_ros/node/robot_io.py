@@ -82,8 +82,8 @@ class RobotIO:
     """Publishers (made at configure) and subscriptions (made at activate) of every session.
 
     create_publisher / destroy_publisher: the lifecycle node's; create_subscription /
-    destroy_subscription: the node's; guarded(callback, what) wraps a callback as the node
-    runs callbacks (control_loop.py); now() -> builtin_interfaces/Time.
+    destroy_subscription: the node's; now() -> builtin_interfaces/Time; on_lost(topic, count):
+    readings lost before the node saw them.
     """
 
     def __init__(self, settings, session_names, *, create_publisher, destroy_publisher,
@@ -118,10 +118,6 @@ class RobotIO:
         self.actions_pub = publisher(Float32MultiArray, '~/actions') \
             if fleet and cfg.observation_type == 'float32_array' else None
         self._subs = []
-
-    @property
-    def fleet(self):
-        return len(self.sessions) > 1
 
     # -- subscriptions ---------------------------------------------------------------------------
 

@@ -17,14 +17,19 @@ from .errors import InvalidName, PathOutsideDirectory, ReservedName, StorageErro
 SUFFIX = '.capsule'     # save's default file: <capsule_dir>/<name>.capsule
 CHECKPOINT_PREFIX = 'checkpoint-'   # reserved for the recovery checkpoints (and their files)
 _NAME = re.compile(r'[A-Za-z0-9_.-]{1,128}')
-_SEQUENCE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'([0-9]{1,18})')
+_SEQUENCE = re.compile(r'[0-9]{1,18}')
 _SESSION_FILE = re.compile(re.escape(CHECKPOINT_PREFIX) + r'[A-Za-z][A-Za-z0-9_]*-[0-9]{1,18}' +
                            re.escape(SUFFIX))
 
 
+def checkpoint_prefix(session=''):
+    """'checkpoint-', or 'checkpoint-s1-' for the checkpoints of session 's1'."""
+    return f'{CHECKPOINT_PREFIX}{session}-' if session else CHECKPOINT_PREFIX
+
+
 def checkpoint_name(sequence, session=''):
     """'checkpoint-00000042' for sequence 42; 'checkpoint-s1-00000042' for session 's1'."""
-    return f'{CHECKPOINT_PREFIX}{session + "-" if session else ""}{sequence:08d}'
+    return f'{checkpoint_prefix(session)}{sequence:08d}'
 
 
 def checkpoint_sequence(name, session=''):
@@ -32,11 +37,9 @@ def checkpoint_sequence(name, session=''):
     `session` ('' for a single-session engine's), else None."""
     if name.endswith(SUFFIX):
         name = name[:-len(SUFFIX)]
-    if session:
-        name = name.replace(f'{CHECKPOINT_PREFIX}{session}-', CHECKPOINT_PREFIX, 1) \
-            if name.startswith(f'{CHECKPOINT_PREFIX}{session}-') else ''
-    match = _SEQUENCE.fullmatch(name)
-    return int(match.group(1)) if match else None
+    prefix = checkpoint_prefix(session)
+    digits = name[len(prefix):] if name.startswith(prefix) else ''
+    return int(digits) if _SEQUENCE.fullmatch(digits) else None
 
 
 def check_name(name):
@@ -138,7 +141,7 @@ def scan_checkpoint_files(directory, session=''):
     except OSError as e:
         raise StorageError.from_os_error(e, directory, 'list capsule directory') from e
     usable, skipped, highest = [], [], 0
-    mine = CHECKPOINT_PREFIX + (session + '-' if session else '')
+    mine = checkpoint_prefix(session)
     for entry in entries:
         # a single-session engine's namespace holds no session's files: a fleet wrote them
         if not entry.name.startswith(mine) or (

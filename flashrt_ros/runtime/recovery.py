@@ -64,8 +64,10 @@ class Recovery:
 
     def due(self):
         """True when the step just committed should be followed by a checkpoint."""
+        if not self.every:
+            return False        # off: no session lookup on every step
         step = self.engine.session(self.session).step_index
-        return self.every > 0 and step > 0 and step % self.every == 0
+        return step > 0 and step % self.every == 0
 
     def checkpoints(self):
         """[(sequence, name)] of the checkpoints in the store, newest (highest sequence) first."""
