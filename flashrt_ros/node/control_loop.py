@@ -92,6 +92,8 @@ class ControlLoop:
             published[i] = action = actions[i].numpy()
             self.robot.publish_action(s, action)
             self.robot.publish_commands(s, action)
+            if self.settings.lockstep:
+                s.unsent = None if self.robot.reaches(s) else action
             guard.committed()
         return published
 
@@ -190,21 +192,23 @@ class ControlLoop:
             self._pending_since = time.monotonic()
 
     def _answered_stamp(self, s, key, stamp):
-        """A reading under the stamp the state answered last: after a restore it is the world
-        re-sending (the command is re-sent); with new values it is a stamping fault."""
+        """A reading under the stamp the state answered last: with the same values it is the
+        world re-sending (it never got the command), and the command is re-sent if it surely
+        never arrived (the state was restored since, or it went out to no subscriber); with
+        new values it is a stamping fault."""
         reading = s.inputs[key]
         if reading[1] != stamp:
             return                  # an IMU reading ahead of the joints: wait for them
-        if s.resend:
-            s.answered[key] = reading[0]
-            self._resend_commands(s)
-        elif key in s.answered and not _same_values(s.answered[key], reading[0]):
+        if key in s.answered and not _same_values(s.answered[key], reading[0]):
             # stepping would break the stamp = state rule, so refuse it, audibly
             sec, nanosec = stamp
             self.report.refuse(f'{s.label}stale stamp: a {key} reading with new values '
                                f'carries stamp {sec}.{nanosec:09d}, already answered; not '
                                'stepped (lock-step steps once per stamp: the driver must '
                                'stamp each reading, header.stamp)')
+        elif s.resend or s.unsent is not None:
+            s.answered[key] = reading[0]
+            self._resend_commands(s)
 
     def _tick_pending(self):
         ready = [s for s in self.sessions if s.pending and not self.guards[s.index].held]
@@ -213,7 +217,8 @@ class ControlLoop:
             return
         tags = {s.index: s.pending for s in ready}
         for s in ready:
-            s.stepped_tag, s.resend, s.pending = s.pending, False, 0
+            s.stepped_tag, s.pending = s.pending, 0
+            s.resend, s.unsent = False, None
             s.answered = {k: s.inputs[k][0] for k in ('joint_state', 'imu') if k in s.inputs}
         self._tick_terms(ready, tags)
 
@@ -242,17 +247,21 @@ class ControlLoop:
             if index is None or s.index == index:
                 s.forget_readings()
                 s.stepped_tag = self.engine.input_tag(session=s.index)
-                s.resend, s.pending, s.answered = True, 0, {}
+                s.resend, s.unsent, s.pending, s.answered = True, None, 0, {}
 
     def _resend_commands(self, s):
-        s.resend = False
-        last = self.engine.last_action(session=s.index)
-        if last is None:
-            self.log.warning(f'{s.label}readings of an already answered stamp arrived after a '
-                             "restore, and this policy's state keeps no last action to "
-                             're-send; waiting for new readings')
-            return
-        self.log.info(f"{s.label}readings of the restored state's last stamp arrived again: "
-                      're-sending the commands of its last action')
+        if s.resend:
+            s.resend, last = False, self.engine.last_action(session=s.index)
+            why = "the restored state's last stamp"
+            if last is None:
+                self.log.warning(f'{s.label}readings of an already answered stamp arrived '
+                                 "after a restore, and this policy's state keeps no last "
+                                 'action to re-send; waiting for new readings')
+                return
+        else:
+            last, why = s.unsent, 'a stamp whose commands went out before any subscriber matched'
+        self.log.info(f'{s.label}readings of {why} arrived again: re-sending the commands of '
+                      'its last action')
         self.robot.publish_action(s, last)
         self.robot.publish_commands(s, last)
+        s.unsent = None if self.robot.reaches(s) else last

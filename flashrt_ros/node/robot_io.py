@@ -42,6 +42,11 @@ class SessionIO:
     # instead of a second step); pending: the tag of complete readings waiting for the tick
     stepped_tag: int = 0
     resend: bool = False
+    # the action answering stepped_tag when its commands went out while no subscriber was
+    # matched (a new world, a restarted node still in discovery): they reached nobody, so the
+    # world's re-send of those readings gets them again; once they reached one, never twice
+    # (a world steps on every command it receives)
+    unsent: object = None
     pending: int = 0
     # the values of the readings stepped last (key -> value): a reading of that stamp with
     # other values is a driver's stamping fault, counted, not a re-send
@@ -201,6 +206,13 @@ class RobotIO:
             stamp = self.now() if pub.msg_type is JointTrajectory else None
             pub.publish(command_message(pub.msg_type, targets, self.settings.node.joint_names,
                                         stamp))
+
+    @staticmethod
+    def reaches(s):
+        """Whether each publisher that carries the session's commands (its action when it has
+        no command output) has a matched subscription now. A message published without one
+        reached nobody: a volatile writer keeps nothing for a reader matched later."""
+        return all(pub.get_subscription_count() > 0 for pub in s.command_pubs or [s.action_pub])
 
     def publish_farm_actions(self, actions):
         self.actions_pub.publish(action_message(Float32MultiArray, actions.reshape(-1), [],

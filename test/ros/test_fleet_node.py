@@ -243,19 +243,24 @@ class _Robots:
     """Joint-state publishers and joint-command subscribers of sessions a and b (or of the
     one session of a single-session node: sessions=[''])."""
 
-    def __init__(self, fleet_name, client, sessions='ab'):
+    def __init__(self, fleet_name, client, sessions='ab', listen=True):
         from sensor_msgs.msg import JointState
-        from std_msgs.msg import Float64MultiArray
-        self.JointState = JointState
-        qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        base = {s: f'/{fleet_name}/{s}/' if s else f'/{fleet_name}/' for s in sessions}
-        self.pubs = {s: client.create_publisher(JointState, base[s] + 'joint_states', qos)
+        self.JointState, self.client = JointState, client
+        self.qos = qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        self.base = {s: f'/{fleet_name}/{s}/' if s else f'/{fleet_name}/' for s in sessions}
+        self.pubs = {s: client.create_publisher(JointState, self.base[s] + 'joint_states', qos)
                      for s in sessions}
         self.commands = {s: [] for s in sessions}
-        for s in sessions:
-            client.create_subscription(Float64MultiArray, base[s] + 'joint_commands',
-                                       lambda m, s=s: self.commands[s].append(list(m.data)),
-                                       qos)
+        if listen:
+            self.listen()
+
+    def listen(self):
+        """Subscribes to the sessions' joint commands."""
+        from std_msgs.msg import Float64MultiArray
+        for s in self.commands:
+            self.client.create_subscription(
+                Float64MultiArray, self.base[s] + 'joint_commands',
+                lambda m, s=s: self.commands[s].append(list(m.data)), self.qos)
 
     def publish(self, session, sec, q):
         msg = self.JointState(name=['j0', 'j1'], position=list(q), velocity=[0.0, 0.0])
@@ -266,18 +271,18 @@ class _Robots:
 _terms_nodes = itertools.count()
 
 
-def _terms_fleet(tmp_path, **extra):
+def _terms_fleet(tmp_path, listen=True, **extra):
     name = f'flashrt_fleet_terms_{os.getpid()}_{next(_terms_nodes)}'   # never reused
     params = dict(TERMS, device='cpu', capsule_dir=str(tmp_path / 'caps'), **extra)
     node = PolicyNode(name, parameter_overrides=[Parameter(k, value=v)
                                                  for k, v in params.items()])
     client = rclpy.create_node(name + '_client')
-    robots = _Robots(name, client, sessions='ab' if params['sessions'] > 1 else [''])
+    robots = _Robots(name, client, 'ab' if params['sessions'] > 1 else [''], listen)
     spinners = [spin_in_thread(node), spin_in_thread(client)]
     assert node.trigger_configure() == SUCCESS and node.trigger_activate() == SUCCESS
     wait_for(lambda: all(p.get_subscription_count() for p in robots.pubs.values())
-             and all(p.get_subscription_count() for s in node.parts.robot.sessions
-                     for p in s.command_pubs),
+             and all(p.get_subscription_count() or not listen
+                     for s in node.parts.robot.sessions for p in s.command_pubs),
              what='robot topics')
     return node, client, robots, spinners
 
@@ -355,6 +360,35 @@ def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, ses
         wait_for(lambda: any(m.name == node.get_name() and 'stale stamp' in m.msg
                              and 'header.stamp' in m.msg for m in list(logs)),
                  what='a log naming the cause on /rosout')
+    finally:
+        _close(node, client, spinners)
+
+
+def test_lockstep_command_that_reached_nobody_is_sent_again_once(ros, tmp_path):
+    # a world that subscribes late (or a node still in discovery after a restart): the
+    # command answering readings 0 goes out to no subscriber. The world's re-send of readings
+    # 0 must get it (else lock-step stalls for good), but once it has reached the world, a
+    # further re-send must not (a world steps on every command it receives).
+    node, client, robots, spinners = _terms_fleet(tmp_path, listen=False, lockstep_wait=0.2,
+                                                  sessions=1, session_names=[])
+    try:
+        [session] = node.parts.robot.sessions
+        robots.publish('', 0, [0.1, 0.2])
+        wait_for(lambda: node.engine.step_index == 1 and session.unsent is not None,
+                 what='the first step, its command to nobody')
+        robots.listen()
+        wait_for(lambda: session.command_pubs[0].get_subscription_count() > 0,
+                 what="the node's command publisher matched")
+        robots.publish('', 0, [0.1, 0.2])           # the world re-sends readings 0
+        wait_for(lambda: len(robots.commands['']) == 1, what='the command of readings 0')
+        robots.publish('', 0, [0.1, 0.2])           # again, now delivered: no command
+        robots.publish('', 1, [0.3, 0.4])
+        wait_for(lambda: len(robots.commands['']) == 2, what='the command of readings 1')
+        assert node.engine.step_index == 2          # readings 0 stepped once
+        cfg = dict(PARAMS, **{k: v for k, v in TERMS.items() if k in ('obs_dim', 'act_dim')})
+        _, expected = reference_actions(dict(cfg, sessions=1, session_names=[]),
+                                        [[0.1, 0.2], [0.3, 0.4]], tmp_path / 'ref')
+        assert robots.commands[''] == expected      # one command per readings, in order
     finally:
         _close(node, client, spinners)
 

@@ -165,13 +165,25 @@ class Hub:
     def forward(self, command):
         self.commands_out.publish(command)
 
-    def open_when_matched(self, procs):
-        """Lets readings through once this hub's own endpoints are matched with the (new)
-        policy node's, then a moment for the node's side of the matching: its first command
-        must not go out before this hub listens (lock-step would wait for it forever)."""
-        _wait(lambda: self.commands_in.get_publisher_count() >= 1 and all(
-            p.get_subscription_count() >= 1 for p in self.out.values()), 120, procs,
-            'the policy node matched to the relay')
+    def relay_endpoints(self):
+        """{relay topic: GIDs of the other nodes' endpoints on it} (command publishers, reading
+        subscriptions). The graph keeps a SIGKILLed node's until its lease runs out (and the
+        match counts count them), so a restarted node is told apart by new GIDs."""
+        node = self.node
+        return {topic: {tuple(i.endpoint_gid) for i in get(topic)} for topic, get in (
+            ('/g1_relay/joint_commands', node.get_publishers_info_by_topic),
+            ('/g1_relay/joint_states', node.get_subscriptions_info_by_topic),
+            ('/g1_relay/imu', node.get_subscriptions_info_by_topic))}
+
+    def open_when_matched(self, procs, before):
+        """Lets readings through once the new policy node's endpoints (GIDs not in `before`)
+        are in this hub's graph on all three relay topics, then a moment for the node's side
+        of the matching. Its first command can still go out before its publisher matched this
+        hub's subscription: it then reached nobody, and the node sends it again on the
+        world's next re-send of those readings (control_loop.py)."""
+        _wait(lambda: all(gids - before[topic] for topic, gids in
+                          self.relay_endpoints().items()), 120, procs,
+              'the policy node matched to the relay')
         # A margin, not a wait on something this process could see: the node's own view of
         # the match happens in its process and no graph query here reports it.
         time.sleep(0.5)
@@ -344,8 +356,9 @@ def walk_with_kills(tmp_path, steps, kills):
 
     def start_policy():
         logs.append(tmp_path / f'policy{len(logs)}.log')
+        before = hub.relay_endpoints()
         procs.append(_start('policy_node', args, open(logs[-1], 'w')))
-        hub.open_when_matched(procs[-1:])
+        hub.open_when_matched(procs[-1:], before)
 
     rclpy.init()
     hub = Hub(relay=True)
