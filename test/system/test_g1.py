@@ -335,7 +335,8 @@ def walk_with_kills(tmp_path, steps, kills):
     Hub relaying readings and commands; the world re-sends unanswered readings every 0.2 s.
     The node checkpoints every step to disk and starts with restore_on_start: latest. When
     the command answering the world's readings j arrives, j in kills, the node gets SIGKILL
-    (it waits idle: its checkpoint j is written, its command is in the relay) and restarts:
+    once its checkpoint j + 1 (the state after answering j) is on disk (it waits idle: its
+    command is in the relay) and restarts:
       'after'   the command goes on to the world (the kill landed after it left the node);
       'before'  the command is dropped and checkpoint j deleted (the kill landed before
                 checkpoint j was written: the world waits at readings j, the newest
@@ -369,7 +370,13 @@ def walk_with_kills(tmp_path, steps, kills):
         start_policy()
         while len(world_got) < steps:
             command = hub.next_command(procs[-1:])
-            how = kills.pop(len(world_got), None)
+            j = len(world_got)
+            how = kills.pop(j, None)
+            if how is not None:     # the node writes checkpoint j + 1 (its state after
+                # answering readings j) after it published the command: the kill waits for it
+                _wait(lambda: any(checkpoint_sequence(p.name) == j + 1
+                                  for p in capsules.glob('checkpoint-*.capsule')), 60,
+                      procs[-1:], f'checkpoint {j + 1} on disk')
             if how is None or how == 'after':
                 hub.forward(command)
                 world_got.append(np.array(command.data))
