@@ -93,6 +93,11 @@ def measure(label, spec, cfg, rcl_node, workdir):
         if key in spec:
             out[key] = spec[key]
     proc, node_log = start_node(spec, args, log_path)
+    # the floor: the clients call a twin node in its own process, so the streamed node shares
+    # the machine with the same load but not its process (what no isolation inside it removes)
+    twin = start_node(spec, node_parameters(name + '_twin', cfg['device'], capsules + '-twin',
+                                            cfg['policy_file']),
+                      pathlib.Path(workdir) / f'{token}-twin.log') if spec.get('twin') else None
     stream = Stream(rcl_node, target, cfg['rate'])
     spinner = spin_in_thread(rcl_node)
     clients = None
@@ -100,6 +105,10 @@ def measure(label, spec, cfg, rcl_node, workdir):
     try:
         log(f'[{label}] {spec["source"]}: waiting for {target}')
         stream.wait_ready(timeout=180.0)
+        while twin and rcl_node.count_services(target + '_twin/snapshot') == 0:
+            if twin[0].poll() is not None:      # up before the unloaded phase, or gone
+                raise RuntimeError(f'the twin node exited ({twin[0].returncode})')
+            time.sleep(0.05)
         log(f'[{label}] warm-up {cfg["warmup_s"]:g} s (not counted)')
         stream.run(cfg['warmup_s'])
         log(f'[{label}] unloaded: {cfg["unloaded_s"]:g} s at {cfg["rate"]:g} Hz')
@@ -113,7 +122,7 @@ def measure(label, spec, cfg, rcl_node, workdir):
                         service_calls={'completed': 0, 'per_s': 0.0})
         phases['unloaded'] = unloaded
         log(f'[{label}] loaded: starting {cfg["clients"]} clients')
-        clients = Clients(cfg['clients'], target)
+        clients = Clients(cfg['clients'], target + '_twin' if twin else target)
         clients.start(timeout=180.0)
         load = os.getloadavg()[0]
         log(f'[{label}] loaded: {cfg["seconds"]:g} s at {cfg["rate"]:g} Hz, '
@@ -147,6 +156,8 @@ def measure(label, spec, cfg, rcl_node, workdir):
         spinner.shutdown()
         stream.close()
         _stop(proc, node_log)
+        if twin:
+            _stop(*twin)
         out['exit_code'] = proc.returncode
         out['log_tail'] = log_path.read_text(errors='replace').splitlines()[-15:]
     return out
@@ -167,6 +178,10 @@ def main(argv=None):
                     help='also measure the node of this git commit, side by side')
     ap.add_argument('--param', action='append', default=[], metavar='NAME:=VALUE',
                     help='also measure the current node with this parameter (repeatable)')
+    ap.add_argument('--floor', action='store_true',
+                    help='also measure the current node while the clients call a twin node '
+                    'in another process: the same machine load, none of it in the streamed '
+                    "node's process (the floor that isolation inside the node can reach)")
     ap.add_argument('--stream-priority', type=int, default=0, metavar='1-99',
                     help='run this process (the robot side: stream and its receiver) under '
                     'SCHED_FIFO, so that on a saturated machine the instrument does not add '
@@ -181,6 +196,7 @@ def main(argv=None):
               'drain_s': DRAIN_S, 'qos': f'reliable, keep-last {QOS_DEPTH}',
               'obs_dim': OBS_DIM, 'act_dim': ACT_DIM, 'baseline': args.baseline,
               'node_params': args.param, 'stream_priority': args.stream_priority,
+              'floor': args.floor,
               'stream_gil_switch_interval_s': INSTRUMENT_SWITCH_INTERVAL,
               'command': 'python -m benchmarks.starvation ' + ' '.join(
                   sys.argv[1:] if argv is None else argv)}
@@ -216,6 +232,9 @@ def main(argv=None):
     specs['current'] = spec
     if args.param:      # the same node again, with these parameters, side by side
         specs['current ' + ' '.join(args.param)] = dict(spec, params=args.param)
+    if args.floor:
+        specs['floor: clients on a twin node'] = dict(spec, params=args.param,
+                                                                twin=True)
     log(f'starvation: {args.rate:g} Hz, {args.clients} clients, {args.device}, logs in '
         f'{workdir}')
     rclpy.init()
