@@ -30,7 +30,7 @@ def generate_launch_description():
              parameters=[params,
                          {'policy_file': PathJoinSubstitution([robot_dir, 'motion.pt'])}],
              # relative names: the world's topics in the same namespace
-             remappings=[('~/joint_states', 'flashrt_sim/joint_states'),
-                         ('~/imu', 'flashrt_sim/imu'),
+             remappings=[('joint_states', 'flashrt_sim/joint_states'),
+                         ('imu', 'flashrt_sim/imu'),
                          ('~/joint_commands', 'flashrt_sim/joint_commands')]),
     ])

@@ -259,8 +259,7 @@ def connect(world, node, params):
     if not isinstance(world, RobotWorld):
         client.wait_ready(timeout=60.0)
         return client, None
-    topics = f'{params["policy"].rstrip("/")}/{session}' if session else params['policy']
-    link = RobotLink(node, topics, timeout=params['timeout'])
+    link = RobotLink(node, params['policy'], session, timeout=params['timeout'])
     link.wait_ready(client, timeout=60.0)
     return client, link
 

@@ -31,7 +31,7 @@ class Fleet:
                         for p in dict.fromkeys(p for p, _ in addresses)}
         self.others = [c for p, c in self.clients.items() if p != main_policy.rstrip('/')]
         if robot:
-            self.links = [RobotLink(node, f'{p}/{s}', timeout=timeout) for p, s in addresses]
+            self.links = [RobotLink(node, p, s, timeout=timeout) for p, s in addresses]
             for link, (policy, _) in zip(self.links, addresses):
                 link.wait_ready(self.clients[policy], timeout=60.0, settle=0.0)
             time.sleep(0.5)     # see RobotLink.wait_ready

@@ -2,8 +2,8 @@
 
 observation_link(client)  a flat world: its observation on the node's ~/observation, the
                           ~/action back (PolicyClient.step)
-RobotLink                 an in-process RobotWorld: its readings on the node's ~/joint_states
-                          and ~/imu, ~/action and ~/joint_commands back
+RobotLink                 an in-process RobotWorld: its readings on the node's joint_states
+                          and imu, ~/action and ~/joint_commands back
 request_actions(pairs)    one control step of several (RobotLink, RobotWorld) pairs at once
 BatchedLink               flat worlds on the sessions of fleet nodes: one [sessions, obs_dim]
                           message per node and step
@@ -34,8 +34,8 @@ class RobotLink:
     """A policy node with observation_type 'terms' (e.g. config/g1.yaml) driving an in-process
     RobotWorld. A step publishes the world's readings (sensor_msgs/JointState and Imu stamped
     with the simulation time, as the flashrt_sim mjcf world publishes them) on the node's
-    ~/joint_states and ~/imu, and returns (raw action from ~/action, joint position targets from
-    ~/joint_commands); the targets drive the world, so the node's joint_names order must be the
+    joint_states and imu (relative names: in its namespace), and returns (raw action from
+    ~/action, joint position targets from ~/joint_commands); the targets drive the world, so the node's joint_names order must be the
     world's joint order (as for the flashrt_sim world).
 
     The node steps once per stamp (lockstep), so unanswered readings are sent again every
@@ -44,14 +44,19 @@ class RobotLink:
     restore back to exactly that stamp does that, e.g. branches of one step).
     """
 
-    def __init__(self, node, policy='/flashrt_policy', timeout=10.0, resend=1.0,
+    def __init__(self, node, policy='/flashrt_policy', session='', timeout=10.0, resend=1.0,
                  qos_depth=100):
-        self.node, self.policy = node, policy.rstrip('/')
+        # the readings go to the node's namespace (+ /<session> of a fleet), relative names;
+        # the action and the commands come from the node's own topics
+        namespace = policy.rstrip('/').rsplit('/', 1)[0]
+        self.node = node
+        self.policy = f'{policy.rstrip("/")}/{session}' if session else policy.rstrip('/')
+        robot = f'{namespace}/{session}' if session else namespace
         self.timeout, self.resend = timeout, resend
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=qos_depth,
                          reliability=ReliabilityPolicy.RELIABLE)
-        self._pubs = [node.create_publisher(JointState, f'{self.policy}/joint_states', qos),
-                      node.create_publisher(Imu, f'{self.policy}/imu', qos)]
+        self._pubs = [node.create_publisher(JointState, f'{robot}/joint_states', qos),
+                      node.create_publisher(Imu, f'{robot}/imu', qos)]
         self._received = {'action': [], 'joint_commands': []}
         self._cond = threading.Condition()
         self._subs = [node.create_subscription(msg_type, f'{self.policy}/{topic}',
@@ -73,7 +78,7 @@ class RobotLink:
         deadline = time.monotonic() + timeout
         client.wait_services(deadline)
         wait_matched(self._pubs, self._subs, deadline,
-                     f'{self.policy}: ~/joint_states, ~/imu, ~/action and ~/joint_commands are '
+                     f'{self.policy}: joint_states, imu, ~/action and ~/joint_commands are '
                      "not all connected: is the node active, with observation_type 'terms' and "
                      "control_mode 'lockstep'?")
         time.sleep(settle)

@@ -2,7 +2,10 @@
 readings. No decisions: what arrives is stored and handed to the control loop's callbacks;
 what the control loop computes is published here.
 
-A single-session node has one SessionIO under '~/'; session i of a fleet has its own under
+A single-session node has one SessionIO: the robot's readings on the relative names
+joint_states, imu and cmd_vel (as robot_state_publisher and nav2 name them: the node's
+namespace alone connects it to a robot), its own API under '~/' (observation, action,
+input/<term>, the command outputs). Session i of a fleet has its own under '<name>/' and
 '~/<name>/' (one robot's messages stay standard messages in its own namespace).
 Subscriptions are made in the control callback group (see control_loop.py), so readings are
 taken by the control thread and never wait behind services.
@@ -34,7 +37,8 @@ class SessionIO:
 
     index: int
     name: str
-    prefix: str
+    prefix: str                   # the node's own topics: '~/' or '~/<name>/'
+    robot: str                    # the robot's readings: '' or '<name>/' (relative names)
     label: str                    # 'session <name>: ' in a fleet, '' alone (log prefixes)
     inputs: dict = field(default_factory=dict)   # key -> (value, stamp, arrival time)
     # lock-step: the tag of the readings the state answered last, and whether the state
@@ -103,8 +107,8 @@ class RobotIO:
         self._destroy_pub = destroy_publisher
         self.counter = ReadingCounter(on_lost)
         fleet = len(session_names) > 1
-        self.sessions = [SessionIO(i, n, f'~/{n}/' if fleet else '~/',
-                                   f'session {n}: ' if fleet else '')
+        self.sessions = [SessionIO(i, n, *((f'~/{n}/', f'{n}/', f'session {n}: ') if fleet
+                                           else ('~/', '', '')))
                          for i, n in enumerate(session_names)]
         action_type = JointState if cfg.observation_type == 'joint_state' and \
             cfg.action_joint_names else Float32MultiArray
@@ -141,13 +145,13 @@ class RobotIO:
                                 lambda msg, s=s: loop.on_joint_observation(s, msg))
                 continue
             if 'joint_state' in layout.needs:
-                self._subscribe(JointState, p + 'joint_states', group, guarded,
+                self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
                                 lambda msg, s=s: self._joint_state(loop, s, msg))
             if 'imu' in layout.needs:
-                self._subscribe(Imu, p + 'imu', group, guarded,
+                self._subscribe(Imu, s.robot + 'imu', group, guarded,
                                 lambda msg, s=s: self._imu(loop, s, msg))
             if 'command' in layout.needs:
-                self._subscribe(Twist, p + 'cmd_vel', group, guarded,
+                self._subscribe(Twist, s.robot + 'cmd_vel', group, guarded,
                                 lambda msg, s=s: s.store('command', (
                                     msg.linear.x, msg.linear.y, msg.angular.z)))
                 if cfg.initial_command:
@@ -201,11 +205,13 @@ class RobotIO:
     def publish_commands(self, s, action):
         if not s.command_pubs:
             return
-        targets = self.settings.targets(action)
+        cfg, targets = self.settings.node, self.settings.targets(action)
+        # a trajectory reaches the targets one control period after the controller takes it;
+        # lock-step's period is the world's, unknown here: 0, the targets at once (as the
+        # forward controller sets them), held until the world steps and the next one comes
+        period = 1.0 / cfg.control_rate if cfg.control_mode == 'timer' else 0.0
         for pub in s.command_pubs:
-            stamp = self.now() if pub.msg_type is JointTrajectory else None
-            pub.publish(command_message(pub.msg_type, targets, self.settings.node.joint_names,
-                                        stamp))
+            pub.publish(command_message(pub.msg_type, targets, cfg.joint_names, period))
 
     @staticmethod
     def reaches(s):

@@ -247,9 +247,11 @@ class _Robots:
         from sensor_msgs.msg import JointState
         self.JointState, self.client = JointState, client
         self.qos = qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        # the readings on the node's relative names (it runs in the root namespace), the
+        # commands on its own topics
         self.base = {s: f'/{fleet_name}/{s}/' if s else f'/{fleet_name}/' for s in sessions}
-        self.pubs = {s: client.create_publisher(JointState, self.base[s] + 'joint_states', qos)
-                     for s in sessions}
+        self.pubs = {s: client.create_publisher(JointState, f'/{s}/joint_states' if s else
+                                                '/joint_states', qos) for s in sessions}
         self.commands = {s: [] for s in sessions}
         if listen:
             self.listen()
@@ -353,7 +355,7 @@ def test_lockstep_new_values_of_an_answered_stamp_are_counted(ros, tmp_path, ses
         assert node.report.refusals == {key: 3}
         wait_for(lambda: status and status[-1].rejected_observations == 3,
                  what='3 refused readings in ~/status')
-        mine = f'flashrt_ros: {node.get_name()}'
+        mine = f'flashrt_ros: {node.get_fully_qualified_name()}'
         wait_for(lambda: any(d.name == mine and any(kv.key == f'refused: {key}'
                                                     and kv.value == '3' for kv in d.values)
                              for d in list(diagnostics)), what='the count in /diagnostics')

@@ -229,8 +229,8 @@ def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
     sim = _start('sim_node', ['-p', f'mjcf_path:={ROBOT / "scene.xml"}',
                               '-p', 'republish_period:=0.2', '-r', '__node:=flashrt_sim'], log)
     policy = _start('policy_node', _policy_args(
-        tmp_path, '-p', 'autostart:=false', '-r', '~/joint_states:=/flashrt_sim/joint_states',
-        '-r', '~/imu:=/flashrt_sim/imu', '-r', '~/joint_commands:=/flashrt_sim/joint_commands'),
+        tmp_path, '-p', 'autostart:=false', '-r', 'joint_states:=/flashrt_sim/joint_states',
+        '-r', 'imu:=/flashrt_sim/imu', '-r', '~/joint_commands:=/flashrt_sim/joint_commands'),
         log)
     rclpy.init()
     hub = Hub()
@@ -350,8 +350,8 @@ def walk_with_kills(tmp_path, steps, kills):
                  open(tmp_path / 'world.log', 'w'))
     args = _policy_args(tmp_path, '-p', 'checkpoint_every:=1', '-p', 'checkpoint_to_disk:=true',
                         '-p', 'restore_on_start:=latest',
-                        '-r', '~/joint_states:=/g1_relay/joint_states',
-                        '-r', '~/imu:=/g1_relay/imu',
+                        '-r', 'joint_states:=/g1_relay/joint_states',
+                        '-r', 'imu:=/g1_relay/imu',
                         '-r', '~/joint_commands:=/g1_relay/joint_commands')
     logs, procs = [], [sim]
 
