@@ -211,10 +211,12 @@ class EpisodeRunner:
         world = [w for w, _ in warm]
         policy = [p for _, p in warm]
         total = [w + p for w, p in warm]
-        self.log(f'\nepisode reset latency (median of {len(total)} resets after the first): '
-                 f'world {statistics.median(world):.1f} us + policy reset_episode round trip '
-                 f'{statistics.median(policy):.1f} us = {statistics.median(total):.1f} us '
-                 f'(first reset {sum(self.reset_us[0]):.1f} us)')
+        # three medians side by side: the median of the sums is not the sum of the medians
+        self.log(f'\nepisode reset latency (medians of {len(total)} resets after the first): '
+                 f'world + policy {statistics.median(total):.1f} us; world alone '
+                 f'{statistics.median(world):.1f} us, policy reset_episode round trip alone '
+                 f'{statistics.median(policy):.1f} us (first reset {sum(self.reset_us[0]):.1f} '
+                 'us)')
         self.log(f'branch restore latency (world + policy restore, {len(self.branch_us)} '
                  f'restores, median): {statistics.median(self.branch_us):.1f} us')
         passed = sum(ok for _, ok, _ in self.checks)

@@ -30,9 +30,12 @@ class CapsuleServices:
         with self._lock:
             parts = self._current()
             if parts is None or self._state() != 'active':
+                state = self._state()
                 response.success = False
-                response.message = f'node {self._name!r} is {self._state()}, not active: ' \
-                                   'activate it before calling capsule services'
+                response.message = f'node {self._name!r} is {state}, not active: ' + (
+                    'a finalized node cannot be activated again; restart it'
+                    if state == 'finalized' else
+                    'activate it before calling capsule services')
                 return response
             try:
                 operation(parts)

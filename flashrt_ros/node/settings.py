@@ -140,8 +140,10 @@ def load_settings(node):
         layout = _joint_state_layout(cfg, policy)
     elif cfg.observation_type == 'terms':
         layout, targets = _terms_layout(node, cfg, policy)
-    # one directory per node: two robots on one machine never share capsules
+    # one directory per node: two robots on one machine never share capsules; under ROS_HOME
+    # (default ~/.ros) as ROS keeps its logs
     capsule_dir = cfg.capsule_dir or os.path.join(
-        '~', '.ros', 'flashrt_capsules', node.get_fully_qualified_name().lstrip('/'))
+        os.environ.get('ROS_HOME') or os.path.join('~', '.ros'), 'flashrt_capsules',
+        node.get_fully_qualified_name().lstrip('/'))
     return Settings(cfg, policy, _device(cfg.device), os.path.expanduser(capsule_dir),
                     _session_names(cfg), layout, targets)

@@ -71,6 +71,10 @@ class CapsuleOps:
         self.store.validate_name(name)
         if name in self.store and not overwrite:
             raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
+        # an overwrite never unpins: the LRU would then be free to drop a reset point such as
+        # episode_start, with no word to whoever overwrote it
+        old = self.store.peek(name) if overwrite else None
+        pin = pin or (old is not None and old.manifest.pinned)
         data = self._bytes_for(name, overwrite, self.arena.live_nbytes(s.position), tier)
         with self.timer as timer:
             self.arena.read_live(s.position, data, self.transfer, s.index)
