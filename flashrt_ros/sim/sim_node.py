@@ -10,6 +10,9 @@ deterministic, with world snapshots that restore bit for bit) over ROS 2:
   ~/action     std_msgs/Float32MultiArray in: one message = one control step (lock-step)
   ~/observation std_msgs/Float32MultiArray out after every reset/step/restore: qpos, qvel
   ~/reward     std_msgs/Float64           out with every observation
+  /clock       rosgraph_msgs/Clock        out with every observation: the simulation time
+                                          (back in time after a reset or restore), so nodes
+                                          with use_sim_time follow the world
 The official `simulation_interfaces` package is not installable here (not on PyPI), hence the
 std_srvs/Trigger + topics + this package's Snapshot/Restore types.
 
@@ -41,13 +44,14 @@ import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float32MultiArray, Float64, Float64MultiArray
 from std_srvs.srv import Trigger
 
 from flashrt_ros import srv as fsrv
 from flashrt_ros.executors import run
-from flashrt_ros.messages import robot_messages
+from flashrt_ros.messages import robot_messages, sim_stamp
 from flashrt_ros.sim.cartpole import MujocoWorld
 from flashrt_ros.sim.robot_world import RobotWorld
 from flashrt_ros.sim.world import mujoco
@@ -120,6 +124,9 @@ class SimNode(Node):
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=p('qos_depth').value,
                          reliability=ReliabilityPolicy.RELIABLE)
         self.obs_pub = self.create_publisher(Float32MultiArray, '~/observation', qos)
+        # the stamps this world puts on its readings, as the time source of use_sim_time nodes
+        # (rclpy's TimeSource subscribes /clock with the default QoS, depth 10, reliable)
+        self.clock_pub = self.create_publisher(Clock, '/clock', 10)
         self.reward_pub = self.create_publisher(Float64, '~/reward', qos)
         self.create_subscription(Float32MultiArray, '~/action', self.action_callback, qos,
                                  callback_group=group)
@@ -160,6 +167,7 @@ class SimNode(Node):
         msg.data = array.array('f', np.asarray(obs, dtype=np.float32).tobytes())
         self.obs_pub.publish(msg)
         self.reward_pub.publish(Float64(data=float(reward)))
+        self.clock_pub.publish(Clock(clock=sim_stamp(float(self.world.data.time))))
         if self.robot is not None:
             self.robot.publish()
 

@@ -59,6 +59,7 @@ def test_sim_node_mjcf_mode_walks_over_topics(g1):
     rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
     from geometry_msgs.msg import PoseStamped
     from rclpy.executors import SingleThreadedExecutor
+    from rosgraph_msgs.msg import Clock
     from rclpy.parameter import Parameter
     from sensor_msgs.msg import Imu, JointState
     from std_msgs.msg import Float64MultiArray
@@ -91,7 +92,8 @@ def test_sim_node_mjcf_mode_walks_over_topics(g1):
         cmd = node.create_publisher(Float64MultiArray, base + '/joint_commands', 10)
         snapshot = node.create_client(fsrv.Snapshot, base + '/snapshot')
         restore = node.create_client(fsrv.Restore, base + '/restore')
-        pubs = (sim.robot.joint_pub, sim.robot.imu_pub, sim.robot.pose_pub)
+        clock = _Latest(node, Clock, '/clock')
+        pubs = (sim.robot.joint_pub, sim.robot.imu_pub, sim.robot.pose_pub, sim.clock_pub)
         wait_for(lambda: cmd.get_subscription_count() > 0 and all(
             pub.get_subscription_count() > 0 for pub in pubs), timeout=10.0,
             what='the sim node and the client to match')
@@ -139,6 +141,9 @@ def test_sim_node_mjcf_mode_walks_over_topics(g1):
         stamp = js.wait(n + 2).header.stamp
         assert stamp.sec + stamp.nanosec * 1e-9 == pytest.approx(
             2 * cfg['control_decimation'] * cfg['simulation_dt'])
+        # /clock carries the stamps of the readings, one per publication, in order
+        clock.wait(n + 2)
+        assert [c.clock for c in clock.msgs[:n + 2]] == [m.header.stamp for m in js.msgs[:n + 2]]
         with pytest.raises(ValueError, match="'mjcf' needs the parameters kps, kds"):
             make_sim_node('flashrt_sim_bad', context=ctx, parameter_overrides=[
                 Parameter('world', value='mjcf'), Parameter('mjcf_path', value='x.xml'),
