@@ -233,8 +233,7 @@ def main(argv=None):
     if args.param:      # the same node again, with these parameters, side by side
         specs['current ' + ' '.join(args.param)] = dict(spec, params=args.param)
     if args.floor:
-        specs['floor: clients on a twin node'] = dict(spec, params=args.param,
-                                                                twin=True)
+        specs['floor: clients on a twin node'] = dict(spec, params=args.param, twin=True)
     log(f'starvation: {args.rate:g} Hz, {args.clients} clients, {args.device}, logs in '
         f'{workdir}')
     rclpy.init()

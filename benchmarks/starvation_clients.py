@@ -115,6 +115,12 @@ class Clients:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5.0)
+            if p.is_alive():
+                # rclpy's SIGTERM handler can leave a client spinning on a shut-down context
+                # (seen: one at a full core for 25 minutes, and this process hung at exit
+                # joining it): never leave one behind
+                p.kill()
+                p.join(timeout=5.0)
         return self.done
 
     def calls_in(self, window):

@@ -35,8 +35,9 @@ class RobotLink:
     RobotWorld. A step publishes the world's readings (sensor_msgs/JointState and Imu stamped
     with the simulation time, as the flashrt_sim mjcf world publishes them) on the node's
     joint_states and imu (relative names: in its namespace), and returns (raw action from
-    ~/action, joint position targets from ~/joint_commands); the targets drive the world, so the node's joint_names order must be the
-    world's joint order (as for the flashrt_sim world).
+    ~/action, joint position targets from ~/joint_commands); the targets drive the world, so
+    the node's joint_names order must be the world's joint order (as for the flashrt_sim
+    world).
 
     The node steps once per stamp (lockstep), so unanswered readings are sent again every
     `resend` seconds (never a second step) until `timeout`. Readings with the stamp the node
