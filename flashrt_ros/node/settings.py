@@ -9,6 +9,7 @@ refusal names the parameter to change.
 from dataclasses import dataclass, field
 import os
 import re
+import time
 
 import torch
 
@@ -42,8 +43,9 @@ class Settings:
         return self.terms and self.node.control_mode == 'lockstep'
 
 
-def build_engine(settings):
-    """The PolicyEngine a configure builds (tests build reference engines the same way)."""
+def build_engine(settings, clock=time.time):
+    """The PolicyEngine a configure builds (tests build reference engines the same way);
+    clock: seconds now, for the capsules' stamps (the node's ROS clock)."""
     cfg, layout = settings.node, settings.layout
     policy = build_policy(settings.policy, device='cpu',
                           term_history=layout.term_history() if layout else None)
@@ -54,7 +56,7 @@ def build_engine(settings):
                         host_budget=cfg.host_budget_mb << 20, capsule_dir=settings.capsule_dir,
                         last_action=layout.device_feedback() if layout else None,
                         signing_key=load_signing_key(cfg.signing_key_file)
-                        if cfg.signing_key_file else None)
+                        if cfg.signing_key_file else None, clock=clock)
 
 
 def _need(ok, name, value, what):

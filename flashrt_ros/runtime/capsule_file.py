@@ -47,7 +47,7 @@ class Manifest(NamedTuple):
     nbytes: int
     schema_digest: str
     model_digest: str
-    created: float           # unix seconds
+    created: float           # seconds, the engine's clock (a node's: ROS time)
     checksum: str = ''       # '' until written to disk
 
 

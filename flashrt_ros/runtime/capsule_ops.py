@@ -30,14 +30,15 @@ class OpResult:
     path: str = ''          # the capsule file, for save and load
 
 
-def _new_manifest(name, parent, tier, pinned, nbytes, counters, digests):
-    """The manifest of a capsule created now, holding a state at counters (step, episode,
-    position) with digests (schema, model); its checksum is '' until it is written."""
+def _new_manifest(name, parent, tier, pinned, nbytes, counters, digests, created):
+    """The manifest of a capsule created at `created` (the engine's clock), holding a state
+    at counters (step, episode, position) with digests (schema, model); its checksum is ''
+    until it is written."""
     step, episode, position = counters
     schema_digest, model_digest = digests
     return Manifest(name=name, parent=parent, tier=tier, pinned=bool(pinned), step=step,
                     episode=episode, position=position, nbytes=nbytes,
-                    schema_digest=schema_digest, model_digest=model_digest, created=time.time())
+                    schema_digest=schema_digest, model_digest=model_digest, created=created)
 
 
 class CapsuleOps:
@@ -45,11 +46,13 @@ class CapsuleOps:
     the rollback ring, the step program (initial state), the transfer and its timer."""
 
     def __init__(self, arena, sessions, store, ring, program, timer, lock, model_digest,
-                 check):
-        """lock: the engine's; check: its debug check, run after the live state changed."""
+                 check, clock):
+        """lock: the engine's; check: its debug check, run after the live state changed;
+        clock: seconds now, for the manifests' `created`."""
         self.arena, self.sessions, self.store, self.ring = arena, sessions, store, ring
         self.program, self.transfer, self.timer = program, program.transfer, timer
         self.lock, self.model_digest, self.check = lock, model_digest, check
+        self.clock = clock
         self._snap_count = 0
 
     def _result(self, message, manifest, us, s=None):
@@ -85,7 +88,7 @@ class CapsuleOps:
             # computed when the capsule is written to disk and checked on every read from disk.
             m = _new_manifest(name, s.lineage, tier, pin, data.numel(),
                               (s.step_index, s.episode, s.position),
-                              (self.arena.schema_digest, self.model_digest))
+                              (self.arena.schema_digest, self.model_digest), self.clock())
             self.store.put(Capsule(m, data), overwrite=overwrite)
         return m, timer.us     # manifests are frozen: the caller cannot change the store's
 
@@ -179,7 +182,7 @@ class CapsuleOps:
                 # bookkeeping while the copy is in flight, as in _snapshot_live
                 m = _new_manifest(target, source, Tier.DEVICE, False, src.nbytes,
                                   (src.step, src.episode, src.position),
-                                  (src.schema_digest, src.model_digest))
+                                  (src.schema_digest, src.model_digest), self.clock())
                 self.store.put(Capsule(m, data), overwrite=overwrite)
             return self._result(f'forked {source!r} to {target!r}', m, timer.us)
 

@@ -26,6 +26,7 @@ from collections import deque
 import logging
 import math
 import threading
+import time
 
 import numpy as np
 import torch
@@ -49,7 +50,8 @@ class PolicyEngine:
     def __init__(self, policy, device='cpu', cuda_graph=True, rollback_depth=32,
                  device_budget=1 << 30, host_budget=4 << 30, capsule_dir='capsules',
                  debug=False, last_action=None, signing_key=None, use_cuda_python=True,
-                 sessions=1, session_names=None, batch_sessions=False, determinism_probe=3):
+                 sessions=1, session_names=None, batch_sessions=False, determinism_probe=3,
+                 clock=time.time):
         """last_action: (start, size, scale, offset, clip) of an observation slot that the
         step fills from the previous action (ObservationLayout.device_feedback()), or None.
         That action is then state ('last_action' in the arena), restored with a capsule.
@@ -60,7 +62,9 @@ class PolicyEngine:
         for bit with single-session runs); only for policies that can (policy.batched).
         signing_key: bytes (capsule_file.load_signing_key) to sign capsule files and require
         signatures on load; None: unsigned files, checksums only. determinism_probe: replays
-        of each step compared at construction (0: none; see `determinism`)."""
+        of each step compared at construction (0: none; see `determinism`). clock: seconds
+        now, the capsules' `created` (a node passes its ROS clock: sim time under
+        use_sim_time)."""
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
         self.debug = debug
@@ -98,7 +102,7 @@ class PolicyEngine:
         self._ptrs = {n: v.data_ptr() for n, v in self.arena.views.items()}
         self._capsules = CapsuleOps(self.arena, self._sessions, self.store, self.ring,
                                     self.program, self._timer, self._lock, self.model_digest,
-                                    self._check)
+                                    self._check, clock)
         # determinism: replays of each step from one random state compared bit for bit (graph.
         # probe_determinism); a kernel that is not reproducible is reported, never silent
         self.determinism = {'deterministic': None, 'replays': 0, 'probed': False}

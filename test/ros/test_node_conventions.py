@@ -1,7 +1,8 @@
 """Smaller things a ROS user runs into (issue 21, item 9), each through the real node over Fast
 DDS: an overwrite of episode_start keeps it pinned, a finalized node says it cannot be
 activated again, an unwritable capsule_dir does not make the log lie about resets, and the
-capsule directory follows ROS_HOME."""
+capsule directory follows ROS_HOME, and capsule stamps follow the node's clock (sim time under
+use_sim_time)."""
 import os
 
 import pytest
@@ -78,3 +79,23 @@ def test_the_default_capsule_dir_is_under_ros_home(ros, tmp_path, monkeypatch):
             tmp_path / 'ros_home' / 'flashrt_capsules' / node.get_name())
     finally:
         node.destroy_node()
+
+
+def test_capsule_stamps_are_sim_time_under_use_sim_time(ros, tmp_path):
+    from rosgraph_msgs.msg import Clock
+    h = Harness(tmp_path, dict(RECURRENT, use_sim_time=True))
+    clock = h.client_node.create_publisher(Clock, '/clock', 10)
+    try:
+        sim = Clock()
+        sim.clock.sec, sim.clock.nanosec = 1234, 500_000_000
+
+        def node_time_is_sim():
+            clock.publish(sim)      # the node may match the publisher after the first one
+            return h.node.get_clock().now().nanoseconds == 1_234_500_000_000
+        wait_for(node_time_is_sim, what="the node's clock on /clock")
+        r = h.call('snapshot', name='at_sim_time')
+        assert r.success, r.message
+        stamp = _capsule(h, 'at_sim_time').stamp
+        assert (stamp.sec, stamp.nanosec) == (1234, 500_000_000)    # was wall time
+    finally:
+        h.close()
