@@ -3,10 +3,10 @@ commands for ros2_control, and a simulated robot's sensor readings."""
 import array
 import math
 
-from builtin_interfaces.msg import Time
+from builtin_interfaces.msg import Duration, Time
 from geometry_msgs.msg import PoseStamped
 from sensor_msgs.msg import Imu, JointState
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, MultiArrayDimension
+from std_msgs.msg import Float32MultiArray, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_ros import msg as fmsg
@@ -47,29 +47,44 @@ def action_message(msg_type, action, joint_names=(), stamp=None):
     return out
 
 
-def command_message(msg_type, targets, joint_names=(), stamp=None):
-    """Joint position targets (float64 numpy) for ros2_control: a Float64MultiArray for a
-    forward-command position controller, or a one-point JointTrajectory of `joint_names`
-    to reach at once (time_from_start 0: the controller's PD does the rest)."""
+def command_message(msg_type, targets, joint_names=(), period=0.0):
+    """Joint position targets (float64 numpy, in `joint_names` order) as the stock
+    ros2_controllers accept them (their rules, cited from source, are transcribed in
+    test/unit/test_controller_acceptance.py):
+
+    - Float64MultiArray for a forward_command_controller (JointGroupPositionController):
+      one value per joint in its `joints` order, else it refuses the message; the layout
+      stays empty (it reads data only).
+    - JointTrajectory for a joint_trajectory_controller: one point of positions at
+      time_from_start `period` (s) and a zero header.stamp, "start when the controller
+      takes it". A stamp from the node's clock meets the controller's clock: refused once
+      stamp + time_from_start is in the controller's past (latency, sim time), stalled
+      when it lies in its future (a wall-clock node, a sim-time controller). The controller
+      moves from its state to the targets in `period` (one control period) and holds them
+      until the next command; 0 sets them at once, as the forward controller does.
+      Positions only: no velocity at the last point, which jazzy refuses by default."""
     if msg_type is Float64MultiArray:
         out = Float64MultiArray()
-        out.layout.dim = [MultiArrayDimension(label='joints', size=len(targets),
-                                              stride=len(targets))]
         out.data = array.array('d', targets.tobytes())
         return out
     out = JointTrajectory()
-    out.header.stamp = stamp
     out.joint_names = list(joint_names)
     point = JointTrajectoryPoint()
     point.positions = array.array('d', targets.tobytes())
+    point.time_from_start = Duration(**_sec_nanosec(period))
     out.points = [point]
     return out
 
 
+def _sec_nanosec(seconds):
+    """Seconds as builtin_interfaces' (sec, nanosec): integer nanoseconds, no float carry."""
+    sec, nanosec = divmod(int(round(seconds * 1e9)), 1_000_000_000)
+    return {'sec': sec, 'nanosec': nanosec}
+
+
 def sim_stamp(seconds):
     """Simulation time as builtin_interfaces/Time (integer nanoseconds, no float carry)."""
-    sec, nanosec = divmod(int(round(seconds * 1e9)), 1_000_000_000)
-    return Time(sec=sec, nanosec=nanosec)
+    return Time(**_sec_nanosec(seconds))
 
 
 def robot_messages(world):

@@ -77,6 +77,11 @@ class ReadingCounter:
         self._last = {}
         self._on_lost = on_lost       # (topic, count)
 
+    def reset(self):
+        """A new baseline for every topic (at activate: what was published while the node was
+        inactive was not lost by it)."""
+        self._last.clear()
+
     def saw(self, topic, info):
         seq = info.get('publication_sequence_number')
         if seq is None:
@@ -114,15 +119,20 @@ class RobotIO:
             cfg.action_joint_names else Float32MultiArray
         self._pubs = []
 
-        def publisher(msg_type, topic):
-            pub = create_publisher(msg_type, topic, self.qos)
+        def publisher(msg_type, topic, qos=self.qos):
+            pub = create_publisher(msg_type, topic, qos)
             self._pubs.append(pub)
             return pub
+        # commands always reliable: the standard controllers subscribe reliably
+        # (SystemDefaultsQoS), which a best-effort publisher never matches; a reliable one
+        # also matches best-effort subscribers
+        command_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg.qos_depth,
+                                 reliability=ReliabilityPolicy.RELIABLE)
         for s in self.sessions:
             s.action_pub = publisher(action_type, s.prefix + 'action')
             for output in cfg.command_outputs if settings.terms else ():
                 msg_type, topic = COMMAND_TOPICS[output]
-                s.command_pubs.append(publisher(msg_type, s.prefix + topic))
+                s.command_pubs.append(publisher(msg_type, s.prefix + topic, command_qos))
         # a farm that assembles its observations: [sessions, obs_dim] in, one tick out
         self.actions_pub = publisher(Float32MultiArray, '~/actions') \
             if fleet and cfg.observation_type == 'float32_array' else None

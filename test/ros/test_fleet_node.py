@@ -395,6 +395,18 @@ def test_lockstep_command_that_reached_nobody_is_sent_again_once(ros, tmp_path):
         _close(node, client, spinners)
 
 
+def test_commands_reach_a_reliable_controller_with_best_effort_observations(ros, tmp_path):
+    # ros2_controllers subscribe to commands reliably (SystemDefaultsQoS): a best-effort
+    # command publisher (it followed qos_reliability) never matched them
+    node, client, robots, spinners = _terms_fleet(tmp_path, qos_reliability='best_effort',
+                                                  sessions=1, session_names=[])
+    try:
+        robots.publish('', 0, [0.1, 0.2])
+        wait_for(lambda: len(robots.commands['']) == 1, what='the command')
+    finally:
+        _close(node, client, spinners)
+
+
 def test_timer_fleet_steps_the_robots_with_fresh_readings(ros, tmp_path):
     node, client, robots, spinners = _terms_fleet(tmp_path, control_mode='timer',
                                                   control_rate=50.0, max_input_age=5.0)
