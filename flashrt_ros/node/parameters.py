@@ -1,22 +1,32 @@
-'''Parameters of the flashrt_policy node, declared from typed configs (with descriptions and
-ranges, so `ros2 param describe` says what is allowed) and read back into them.
+'''Parameters of the flashrt_policy node, declared from typed configs (with their true types,
+descriptions and ranges, so `ros2 param describe` says what is allowed) and read back into
+them.
 
 Which settings are live (apply at once while configured) and which shape what configure
 builds is declared once, on the field (`live=True`); ParameterHandler enforces it.
 
 Policy parameters come from the policy configs (runtime/config.py, one per kind); the node's
-own settings from NodeConfig below. Observation terms are declared per term at configure,
-under `observation.<term>.<setting>`, since their names come from `observation_terms`.
+own settings from NodeConfig below. A field's annotation is its parameter type
+(parameter_types.py). Observation terms are declared per term at configure, under
+`observation.<term>.<setting>`, since their names come from `observation_terms`
+(term_parameters.py).
 '''
 
+import array
 from dataclasses import dataclass, fields
+from functools import partial
 import math
 import os
 
 from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
                                 ParameterType, SetParametersResult)
 
-from flashrt_ros.runtime.config import check_fields, param
+from flashrt_ros.node import term_parameters
+from flashrt_ros.node.parameter_types import AT_CONFIGURE, as_type, coerce, WHAT, wire_type
+from flashrt_ros.node.parameter_types import declare as declare_typed
+# settings.py reads the term dicts through this module
+from flashrt_ros.node.term_parameters import term_specs  # noqa: F401
+from flashrt_ros.runtime.config import check_field, check_fields, param
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.observation import NUMERICS, TERM_TYPES
 from flashrt_ros.runtime.policies import KINDS
@@ -31,8 +41,9 @@ class NodeConfig:
     policy_type: str = param('recurrent', 'policy kind', choices=tuple(KINDS))
     device: str = param('auto', "'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'")
     cuda_graph: bool = param(True, 'capture the step as a CUDA graph (ignored on CPU)')
-    capsule_dir: str = param('', "capsule files; '' = ~/.ros/flashrt_capsules/<node's "
-                             'fully qualified name> (one directory per node)')
+    capsule_dir: str = param('', "capsule files; '' = $ROS_HOME/flashrt_capsules/<node's "
+                             "fully qualified name> (ROS_HOME default ~/.ros; one directory "
+                             'per node)')
     device_budget_mb: int = param(1024, 'capsule bytes on the device (LRU moves to host)',
                                   low=0)
     host_budget_mb: int = param(4096, 'capsule bytes in pinned host memory (LRU moves to '
@@ -41,32 +52,37 @@ class NodeConfig:
     observation_type: str = param(
         'float32_array', 'float32_array: ~/observation holds the vector; joint_state: '
         '~/observation is a JointState in joint_names order; terms: assembled from '
-        '~/joint_states, ~/imu, ~/cmd_vel and ~/input/<term> by observation_terms',
+        'joint_states, imu, cmd_vel (relative names) and ~/input/<term> by '
+        'observation_terms',
         choices=('float32_array', 'joint_state', 'terms'))
-    joint_names: list = param([], 'robot joints in action order (joint_state and terms)')
-    action_joint_names: list = param([], 'joint_state: publish ~/action as a JointState with '
-                                     'these names (empty: Float32MultiArray)')
-    observation_terms: list = param([], 'terms: ordered term names; each term is set under '
-                                    'observation.<name>.{type,scale,offset,clip,joints,'
-                                    f'period,dt,decimation,size,history_length}}; types '
-                                    f'{TERM_TYPES}')
+    joint_names: list[str] = param([], 'robot joints in action order (joint_state and '
+                                   'terms)')
+    action_joint_names: list[str] = param([], 'joint_state: publish ~/action as a JointState '
+                                          'with these names (empty: Float32MultiArray)')
+    observation_terms: list[str] = param([], 'terms: ordered term names; each term is set '
+                                         'under observation.<name>.{type,scale,offset,clip,'
+                                         'joints,period,dt,decimation,size,history_length}; '
+                                         f'types {TERM_TYPES}')
     observation_numerics: str = param(
         'float64', 'terms: whose arithmetic the observation and joint targets follow, bit for '
         'bit: float64 (the package default: float64, clip after scale), unitree_rl_gym '
         '(deploy_mujoco.py: float32 list parameters, numpy promotion, float32 targets), '
         'isaaclab (Isaac Lab / unitree_rl_lab: float32, clip before scale, float32 targets); '
         'see docs/runtime.md', choices=NUMERICS)
-    default_angles: list = param([], 'terms: default joint angles (rad), one per joint')
-    action_scale: list = param([], 'terms: joint target = default_angles + action_scale * '
-                               'action (one value or one per joint)')
-    joint_lower_limits: list = param([], 'terms: joint targets are clipped to these (empty: '
-                                     'no lower clip)')
-    joint_upper_limits: list = param([], 'terms: upper clip of the joint targets')
-    command_outputs: list = param(
+    default_angles: list[float] = param([], 'terms: default joint angles (rad), one per '
+                                        'joint')
+    action_scale: list[float] = param([], 'terms: joint target = default_angles + '
+                                      'action_scale * action (one value or one per joint)')
+    joint_lower_limits: list[float] = param([], 'terms: joint targets are clipped to these '
+                                            '(empty: no lower clip)')
+    joint_upper_limits: list[float] = param([], 'terms: upper clip of the joint targets')
+    command_outputs: list[str] = param(
         ['float64_array'], 'terms: joint target outputs: float64_array (~/joint_commands, '
-        'for a forward-command position controller), joint_trajectory (~/joint_trajectory)')
-    initial_command: list = param([], 'terms: velocity command (vx, vy, yaw rate) used until '
-                                  'the first ~/cmd_vel arrives (empty: refuse steps until then)')
+        'for a forward-command position controller), joint_trajectory (~/joint_trajectory, '
+        'for a JointTrajectoryController: zero stamp, one point one control period ahead)')
+    initial_command: list[float] = param([], 'terms: velocity command (vx, vy, yaw rate) used '
+                                         'until the first cmd_vel arrives (empty: refuse '
+                                         'steps until then)')
     control_mode: str = param(
         'lockstep', 'terms: lockstep (a step per new joint state, with the IMU reading of the '
         'same stamp: simulation) or timer (control_rate Hz over the newest readings: robot)',
@@ -76,7 +92,8 @@ class NodeConfig:
     max_input_age: float = param(0.1, 'timer mode: readings older than this (s, by arrival) '
                                  'are stale: the step is refused and counted', low=0.0)
     qos_depth: int = param(100, 'subscription and action queue depth', low=1, high=100000)
-    qos_reliability: str = param('reliable', 'QoS reliability of observation and action',
+    qos_reliability: str = param('reliable', 'QoS reliability of the inputs and ~/action '
+                                 '(joint commands are always reliable, as controllers expect)',
                                  choices=('reliable', 'best_effort'))
     control_priority: int = param(
         0, 'the control thread\'s real-time priority (SCHED_FIFO 1-99, as ros2_control\'s '
@@ -99,8 +116,9 @@ class NodeConfig:
                           'in one graph replay per tick; more than 1: topics per session under '
                           '~/<session name>/ and a session field in the capsule services',
                           low=1, high=4096)
-    session_names: list = param([], 'sessions > 1: one name per session (a ROS name token: '
-                                'topic namespace and service address); empty: s0, s1, ...')
+    session_names: list[str] = param([], 'sessions > 1: one name per session (a ROS name '
+                                     'token: topic namespace and service address); empty: '
+                                     's0, s1, ...')
     lockstep_wait: float = param(0.02, 'sessions > 1, lockstep: a tick waits for every '
                                  'session with readings at most this long (s), then steps the '
                                  'ready ones', low=0.001, high=60.0)
@@ -127,9 +145,9 @@ def _policy_fields():
 
 
 ALL_FIELDS = fields(NodeConfig) + tuple(_policy_fields())
+FIELDS = {f.name: f for f in ALL_FIELDS}
 LIVE = {f.name for f in ALL_FIELDS if f.metadata.get('live')}
-_TYPES = {bool: ParameterType.PARAMETER_BOOL, int: ParameterType.PARAMETER_INTEGER,
-          float: ParameterType.PARAMETER_DOUBLE, str: ParameterType.PARAMETER_STRING}
+_OUTPUTS = ('float64_array', 'joint_trajectory')
 
 
 def _default(f):
@@ -137,131 +155,92 @@ def _default(f):
 
 
 def descriptor(f):
-    meta = f.metadata
-    d = ParameterDescriptor(description=meta['description'])
-    default = _default(f)
-    if isinstance(default, list):
-        d.dynamic_typing = True       # an empty list has no element type of its own
-    else:
-        d.type = _TYPES[type(default)]
+    meta, kind = f.metadata, wire_type(f.type)
+    d = ParameterDescriptor(description=meta['description'], type=kind)
     if meta.get('choices'):
         d.additional_constraints = 'one of: ' + ', '.join(map(str, meta['choices']))
     if not meta.get('live'):
-        extra = 'changes take effect at the next configure (cleanup, set, configure)'
-        d.additional_constraints = '; '.join(filter(None, [d.additional_constraints, extra]))
+        d.additional_constraints = '; '.join(filter(None, [d.additional_constraints,
+                                                           AT_CONFIGURE]))
     low, high = meta.get('low'), meta.get('high')
-    if isinstance(default, bool) or isinstance(default, list) or (low is None and high is None):
+    if low is None and high is None:
         return d
-    if isinstance(default, int):
+    if kind == ParameterType.PARAMETER_INTEGER:
         d.integer_range = [IntegerRange(from_value=int(low if low is not None else -2**63),
                                         to_value=int(high if high is not None else 2**63 - 1))]
-    else:
+    elif kind == ParameterType.PARAMETER_DOUBLE:
         d.floating_point_range = [FloatingPointRange(
             from_value=float(low if low is not None else -math.inf),
             to_value=float(high if high is not None else math.inf))]
+    else:       # rclpy ranges are for scalars: say the elements' bound in words
+        bounds = [f'>= {low}'] * (low is not None) + [f'<= {high}'] * (high is not None)
+        d.additional_constraints = '; '.join(filter(None, [f'each {" and ".join(bounds)}',
+                                                           d.additional_constraints]))
     return d
 
 
 def declare(node):
     for f in ALL_FIELDS:
-        node.declare_parameter(f.name, _default(f), descriptor(f))
+        declare_typed(node, f.name, wire_type(f.type), _default(f), descriptor(f))
+
+
+def value_of(f, value):
+    '''`value` of field `f` as its config holds it (an int where a float is meant is that
+    float; any sequence is a list); InvalidConfig names the parameter when it is not one.'''
+    kind = wire_type(f.type)
+    converted = as_type(kind, value)
+    if kind == ParameterType.PARAMETER_STRING_ARRAY and converted is not None and \
+            not all(converted):
+        converted = None        # names: an empty one names nothing
+    if converted is None:
+        shown = list(value) if isinstance(value, (tuple, array.array)) else value
+        what = WHAT[kind].replace('strings', 'non-empty strings')
+        raise InvalidConfig(f'parameter {f.name!r} = {shown!r}: must be {what}')
+    return converted
+
+
+def check(name, value):
+    '''One field parameter's value, converted and checked on its own (type, range, choices);
+    InvalidConfig names it. What spans parameters is checked at configure (settings.py).'''
+    f = FIELDS[name]
+    value = value_of(f, value)
+    check_field(f, value)
+    bad = [o for o in value if o not in _OUTPUTS] if name == 'command_outputs' else []
+    if bad:
+        raise InvalidConfig(f"parameter 'command_outputs': unknown outputs {bad}; "
+                            f'{", ".join(_OUTPUTS)}')
+    return value
 
 
 def build(values):
     '''(NodeConfig, policy config) from a {name: value} dict; InvalidConfig names the
     parameter.'''
-    node_names = {f.name for f in fields(NodeConfig)}
-    for f in ALL_FIELDS:
-        want, value = type(_default(f)), values[f.name]
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            values[f.name] = value = float(value)
-        if want is list:
-            if not isinstance(value, list):
-                raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be a list')
-        elif not isinstance(value, want):
-            raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be a '
-                                f'{want.__name__}')
-    for name in ('joint_names', 'action_joint_names', 'observation_terms', 'command_outputs',
-                 'session_names'):
-        if not all(isinstance(v, str) and v for v in values[name]):
-            raise InvalidConfig(f'parameter {name!r} = {values[name]!r}: must be a list of '
-                                'non-empty strings')
-    for name in ('default_angles', 'action_scale', 'joint_lower_limits', 'joint_upper_limits',
-                 'initial_command'):
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                   for v in values[name]):
-            raise InvalidConfig(f'parameter {name!r} = {values[name]!r}: must be a list of '
-                                'numbers')
-        values[name] = [float(v) for v in values[name]]
-    node = NodeConfig(**{k: v for k, v in values.items() if k in node_names})
+    values = {f.name: value_of(f, values[f.name]) for f in ALL_FIELDS}
+    check('command_outputs', values['command_outputs'])
+    node = NodeConfig(**{f.name: values[f.name] for f in fields(NodeConfig)})
     config_cls = KINDS[node.policy_type][1]
     policy = config_cls(**{f.name: values[f.name] for f in fields(config_cls)})
     if policy.policy_file:
         policy.policy_file = os.path.expanduser(policy.policy_file)
-    bad = [o for o in node.command_outputs if o not in ('float64_array', 'joint_trajectory')]
-    if bad:
-        raise InvalidConfig(f"parameter 'command_outputs': unknown outputs {bad}; "
-                            'float64_array, joint_trajectory')
     return node, policy
 
 
-def read(node, changes=()):
-    '''NodeConfig and policy config from the node's parameters, with `changes` (rclpy
-    Parameters about to be set) applied: what the set-parameters callback vets.'''
-    values = {f.name: node.get_parameter(f.name).value for f in ALL_FIELDS}
-    values.update((p.name, p.value) for p in changes if p.name in values)
-    return build({k: list(v) if isinstance(v, (list, tuple)) else v
-                  for k, v in values.items()})
-
-
-TERM_SETTINGS = {'type': '', 'scale': [1.0], 'offset': [0.0], 'clip': [0.0], 'joints': [''],
-                 'period': 0.0, 'dt': 0.0, 'decimation': 1, 'size': 0, 'history_length': 1}
-_TERM_HELP = {'type': f'term type (default: the term name): one of {TERM_TYPES}',
-              'scale': 'multiplies (x - offset): one value or one per element (unitree_rl_gym '
-                       'numerics: one value is a Python float, a list float32, as there)',
-              'offset': 'subtracted before scaling (joint_pos: the default angles if unset)',
-              'clip': '[limit] or [low, high] after scaling (before it with isaaclab '
-                      'numerics); [0.0] = no clip',
-              'joints': "joint_pos/joint_vel: joints in order; [''] = joint_names",
-              'period': 'phase: gait period (s)',
-              'dt': 'phase: seconds per counter tick (per policy step when decimation is 1)',
-              'decimation': 'phase: counter ticks per policy step (the deploy loop counts '
-                            'simulation steps: t = ((step + 1) * decimation) * dt)',
-              'size': 'raw: number of values',
-              'history_length': "the term's last N readings in the policy input, oldest "
-                                'first, filled with the first reading after a reset (Isaac '
-                                'Lab); 1 = none'}
-
-
-def term_specs(node, names):
-    '''observation.<name>.<setting> parameters -> term dicts for ObservationLayout. Declared
-    here (with typed defaults, so `ros2 param dump` shows them) on first use.'''
-    specs = []
-    for name in names:
-        spec = {'name': name}
-        for key, default in TERM_SETTINGS.items():
-            full = f'observation.{name}.{key}'
-            if not node.has_parameter(full):
-                node.declare_parameter(full, default,
-                                       ParameterDescriptor(description=_TERM_HELP[key]))
-            value = node.get_parameter(full).value
-            if isinstance(value, (list, tuple)):
-                value = list(value)
-            if value == default or (key == 'clip' and value == [0.0]):
-                continue            # unset: the term's own default applies
-            spec[key] = value
-        specs.append(spec)
-    return specs
+def read(node):
+    '''NodeConfig and policy config from the node's parameters.'''
+    return build({f.name: node.get_parameter(f.name).value for f in ALL_FIELDS})
 
 
 class ParameterHandler:
-    '''The node's parameters (nav2's ParameterHandler pattern): declares them, vets every
-    change against the typed configs before it lands, and applies live ones to the
-    configured settings, calling the update callback registered for that name.
+    '''The node's parameters (nav2's ParameterHandler pattern): declares them with their true
+    types, converts what a set sends to them, vets every change before it lands, and applies
+    live ones to the configured settings, calling the update callback registered for that
+    name.
 
-    Changes to settings that shape what configure builds are refused while configured, with
-    what to do instead. `lock` is held while vetting, as transitions hold it: a change never
-    lands in the middle of a configure.
+    One rule: a setting marked live on its field applies at once while configured; every
+    other one, observation.<term>.* included, shapes what configure builds and is refused
+    while configured, with what to do instead. Every value is checked when set, on its own:
+    an invalid one is refused naming the parameter, configured or not. `lock` is held while
+    vetting, as transitions hold it: a change never lands in the middle of a configure.
     '''
 
     def __init__(self, node, lock):
@@ -269,6 +248,7 @@ class ParameterHandler:
         self._node, self._lock = node, lock
         self.settings = None           # the configured Settings (settings.py); None if not
         self._updates = {}             # live name -> callback(value)
+        node.add_pre_set_parameters_callback(partial(coerce, node))
         node.add_on_set_parameters_callback(self._vet)
 
     def on_update(self, name, callback):
@@ -276,24 +256,35 @@ class ParameterHandler:
         assert name in LIVE, name
         self._updates[name] = callback
 
+    def _declaring(self, name):
+        # a term setting declared at configure: its override or default, checked by the
+        # configure itself, so that a bad one stays declared and can be set right
+        node = self._node
+        return not node.has_parameter(name) or \
+            node.get_parameter_type(name) == ParameterType.PARAMETER_NOT_SET
+
     def _vet(self, changes):
         with self._lock:
+            changes = [p for p in changes if not self._declaring(p.name)]
             try:
-                read(self._node, changes)
-            except (InvalidConfig, TypeError) as exc:
+                updates = {p.name: check(p.name, p.value) for p in changes
+                           if p.name in FIELDS}
+                term_parameters.check(self._node, {p.name: p.value for p in changes
+                                                   if term_parameters.split(p.name)},
+                                      self.settings)
+            except InvalidConfig as exc:
                 return SetParametersResult(successful=False, reason=str(exc))
             settings = self.settings
             if settings is None:
                 return SetParametersResult(successful=True)
-            names = {f.name for f in ALL_FIELDS}
-            fixed = [p.name for p in changes if p.name in names and p.name not in LIVE]
+            fixed = [p.name for p in changes if (p.name in FIELDS and p.name not in LIVE) or
+                     term_parameters.split(p.name)]
             if fixed:
                 return SetParametersResult(successful=False, reason=(
                     f'{fixed} shape what configure builds: deactivate and cleanup the node, '
                     'set them, then configure again'))
-            for p in changes:
-                if p.name in LIVE:
-                    setattr(settings.node, p.name, p.value)
-                    if p.name in self._updates:
-                        self._updates[p.name](p.value)
+            for name, value in updates.items():
+                setattr(settings.node, name, value)
+                if name in self._updates:
+                    self._updates[name](value)
             return SetParametersResult(successful=True)

@@ -2,8 +2,10 @@
 
 Each field carries its description and range in `metadata`, so the ROS layer declares its
 parameters from these fields (`ros2 param describe` then tells a user what is allowed) and a
-script or test builds the same configuration without ROS. The registry from kind to (policy
-class, config class) lives in `policies/__init__.py`.
+script or test builds the same configuration without ROS. A field's annotation is its type,
+lists with their element type (list[int]): the ROS layer declares each parameter with it, as
+an empty default could not say. The registry from kind to (policy class, config class) lives
+in `policies/__init__.py`.
 '''
 
 from dataclasses import dataclass, field, fields
@@ -23,21 +25,27 @@ def param(default, description, low=None, high=None, choices=None, **extra):
 def check_fields(config):
     '''Ranges and choices from each field's metadata; InvalidConfig names the field.'''
     for f in fields(config):
-        value, meta = getattr(config, f.name), f.metadata
-        if meta.get('choices') is not None and value not in meta['choices']:
-            raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be one of '
-                                f'{list(meta["choices"])}')
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for v in values:
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be finite')
-                if meta.get('low') is not None and v < meta['low']:
-                    raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be >= '
-                                        f'{meta["low"]}')
-                if meta.get('high') is not None and v > meta['high']:
-                    raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be <= '
-                                        f'{meta["high"]}')
+        check_field(f, getattr(config, f.name))
+
+
+def check_field(f, value):
+    '''One field's range and choices (each element's, for a list): what a ROS node checks
+    when a single parameter is set, and check_fields when a whole config is built.'''
+    meta = f.metadata
+    if meta.get('choices') is not None and value not in meta['choices']:
+        raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be one of '
+                            f'{list(meta["choices"])}')
+    values = value if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be finite')
+            if meta.get('low') is not None and v < meta['low']:
+                raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be >= '
+                                    f'{meta["low"]}')
+            if meta.get('high') is not None and v > meta['high']:
+                raise InvalidConfig(f'parameter {f.name!r} = {value!r}: must be <= '
+                                    f'{meta["high"]}')
 
 
 @dataclass
@@ -75,7 +83,7 @@ class PolicyConfig:
 class MLPConfig(PolicyConfig):
     '''Feed-forward actor. The sizes shape the demo only: files state their own.'''
 
-    actor_hidden_dims: list = param([256, 128, 64], 'demo actor hidden sizes', low=1)
+    actor_hidden_dims: list[int] = param([256, 128, 64], 'demo actor hidden sizes', low=1)
 
 
 @dataclass
@@ -84,7 +92,7 @@ class RecurrentConfig(PolicyConfig):
 
     rnn_type: str = param('lstm', 'demo recurrent cell', choices=('lstm', 'gru'))
     rnn_hidden_dim: int = param(256, 'demo recurrent hidden size', low=1)
-    actor_hidden_dims: list = param([256, 128, 64], 'demo actor hidden sizes', low=1)
+    actor_hidden_dims: list[int] = param([256, 128, 64], 'demo actor hidden sizes', low=1)
 
 
 @dataclass
