@@ -42,7 +42,7 @@ class NodeConfig:
     device: str = param('auto', "'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'")
     cuda_graph: bool = param(True, 'capture the step as a CUDA graph (ignored on CPU)')
     capsule_dir: str = param('', "capsule files; '' = $ROS_HOME/flashrt_capsules/<node's "
-                             "fully qualified name> (ROS_HOME default ~/.ros; one directory "
+                             'fully qualified name> (ROS_HOME default ~/.ros; one directory '
                              'per node)')
     device_budget_mb: int = param(1024, 'capsule bytes on the device (LRU moves to host)',
                                   low=0)
