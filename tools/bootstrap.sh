@@ -88,7 +88,8 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
     reqs+=(-r requirements/ros-jazzy.txt)
   else
     command -v colcon >/dev/null || reqs+=(colcon-core==0.21.3 colcon-ros==0.5.0
-      colcon-cmake==0.2.30 colcon-library-path==0.2.1 colcon-bash==0.5.0 'setuptools<80')
+      colcon-cmake==0.2.30 colcon-library-path==0.2.1 colcon-bash==0.5.0
+      colcon-package-selection==0.2.10 'setuptools<80')
   fi
   quiet_pip install "${reqs[@]}"
   # ONNX loading (onnx2pytorch): --no-deps, since its torchvision requirement would replace
