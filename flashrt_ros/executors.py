@@ -16,6 +16,8 @@ publisher and subscription by default: two waitables each). On a service round t
 paid on both sides; see `publisher_events`.
 """
 import os
+import signal
+import socket
 import sys
 import threading
 import traceback
@@ -25,6 +27,11 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.exceptions import InvalidHandle
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from rclpy.lifecycle import LifecycleNode
+from rclpy.signals import uninstall_signal_handlers
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def make_executor():
@@ -56,19 +63,24 @@ def wait_set_race(exc):
 
 
 def run(node, startup=None):
-    """The executables' main loop: spin `node` until shutdown, then exit the process.
+    """The executables' main loop: spin `node` until SIGINT or SIGTERM (or until rclpy is shut
+    down), then finalize it and exit the process.
 
     startup(node) -> bool runs first (e.g. autostart's configure + activate); False exits
-    with status 1 at once, so launch, systemd and CI see a node that cannot work. A callback
-    that raises is logged and dropped: it must never take the robot down.
+    with status 1, so launch, systemd and CI see a node that cannot work. A signal ends the
+    process with status 0. A lifecycle node leaves through its shutdown transition, whatever
+    ended the loop (finalize). A callback that raises is logged and dropped: it must never
+    take the robot down.
     """
     executor = make_executor()
     executor.add_node(node)
-    status = 0 if startup is None or startup(node) else 1
+    stop = stop_on_signals(node)
+    status = 1      # if startup raises
     try:
-        while status == 0 and rclpy.ok():
+        status = 0 if startup is None or startup(node) else 1
+        while status == 0 and rclpy.ok() and not stop.is_set():
             try:
-                executor.spin()
+                executor.spin_once()    # returns after each callback, the stop's one too
             except (KeyboardInterrupt, ExternalShutdownException):
                 break
             except Exception as exc:  # noqa: B902 - a callback must never take the robot down
@@ -77,11 +89,81 @@ def run(node, startup=None):
                 else:
                     node.get_logger().error(f'callback failed and was dropped: {exc!r}')
     finally:
+        stop.set()      # a signal taken from here on only logs (the guard goes with the node)
+        if threading.current_thread() is threading.main_thread():
+            # signals from here on are ignored by the kernel: Python's finalization resets
+            # its own handlers to the default (terminate) but leaves SIG_IGN alone
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+        finalize(node)
         node.destroy_node()
         executor.shutdown()
         if rclpy.ok():
             rclpy.try_shutdown()
     sys.exit(status)
+
+
+def stop_on_signals(node):
+    """An Event that the first SIGINT or SIGTERM sets; run() spins until it is set.
+
+    rclpy's handlers (rclpy.init installs them) shut the context down at once and raise
+    KeyboardInterrupt in the main thread: the node had no context left for its shutdown
+    transition, and the second SIGINT of a Ctrl-C under `ros2 launch` (the terminal signals
+    the whole process group, and launch, when its stdin is not a terminal, forwards one more)
+    raised KeyboardInterrupt again in the middle of run()'s cleanup, with a traceback. These
+    handlers only set the event, and run() ignores later signals (launch escalates to
+    SIGKILL if the shutdown hangs).
+
+    Python runs a signal handler in the main thread only, between bytecodes, never while the
+    executor waits in rcl_wait: so the Python handlers do nothing, and a thread reading the
+    wakeup fd (written by Python's C-level handler as the signal arrives, on any thread) sets
+    the event and triggers a guard condition of the node, whose (empty) callback returns the
+    executor's spin_once. (Executor.wake() would not: it only has the wait set rebuilt; and
+    spin_until_future_complete adds a callback to its future at every spin_once.) Signals
+    belong to the main thread: called from another one (a test), the event is never set.
+    """
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        return stop
+    wake = node.create_guard_condition(lambda: None)
+    # rclpy's: rclpy.shutdown would otherwise put back what they replaced (KeyboardInterrupt)
+    uninstall_signal_handlers()
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda *_: None)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+
+    def watch(sockets=(reader, writer)):    # the sockets live as long as the thread
+        log = node.get_logger()
+        while True:
+            for signum in sockets[0].recv(64):
+                name = signal.Signals(signum).name
+                if stop.is_set():
+                    log.debug(f'{name} ignored: already shutting down')
+                else:
+                    log.info(f'{name}: shutting down')
+                    stop.set()
+                    try:
+                        wake.trigger()
+                    except InvalidHandle:   # run() ended meanwhile and destroyed the node
+                        pass
+
+    threading.Thread(target=watch, daemon=True, name='stop signals').start()
+    return stop
+
+
+def finalize(node):
+    """Takes a lifecycle node through its shutdown transition from the primary state it is in
+    (rclpy does not when a node is destroyed): on_shutdown releases what the node holds, and a
+    lifecycle manager or `ros2 lifecycle` sees it finalized. Nothing for a plain node, nor for
+    one already finalized or whose context is gone (its transition could not be published)."""
+    if not isinstance(node, LifecycleNode) or not node.context.ok():
+        return
+    try:
+        node.trigger_shutdown()
+    except _rclpy.RCLError as exc:      # finalized already: no shutdown transition from there
+        node.get_logger().debug(f'no shutdown transition: {exc}')
 
 
 class ControlGroup(MutuallyExclusiveCallbackGroup):

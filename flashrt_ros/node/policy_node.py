@@ -15,6 +15,13 @@ or a transition never interleaves with a tick.
 With `sessions` > 1 the node serves a fleet: one policy state per session, stepped together in
 one graph replay per tick, each session's topics under ~/<session name>/, and the capsule
 services addressed by their `session` field. A single-session node is a fleet of one.
+
+main(): `autostart` configures and activates the node (a failure exits 1). Under a lifecycle
+manager set it false: nav2_lifecycle_manager (node_names [flashrt_policy], autostart true)
+configures then activates by id, checks get_state after each and aborts the whole bringup at
+the first failure (a self-activated node refuses the configure); after the activate it awaits
+a bond for bond_timeout / 2, and this node forms none: give it bond_timeout 0.0 (see
+test/ros/test_lifecycle_manager.py). SIGINT, SIGTERM: shutdown transition, exit 0 (executors).
 """
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +29,7 @@ import sys
 import threading
 
 from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
@@ -66,7 +74,7 @@ class PolicyNode(LifecycleNode):
         self.state = 'unconfigured'
         self.parts = None               # Configured, while configured
         self._resumed = False           # restore_on_start restored a session at configure
-        self.report = Report(self.get_logger(), self.get_name())
+        self.report = Report(self.get_logger(), self.get_fully_qualified_name())
         self.parameter_handler = ParameterHandler(self, self.lock)
         self.parameter_handler.on_update('status_period', self._restart_status_timer)
         for name in _CHECKPOINT_SETTINGS:
@@ -89,9 +97,13 @@ class PolicyNode(LifecycleNode):
         transition = request.transition
         offered = {t[0]: t[1] for t in self._state_machine.available_transitions}
         if not transition.label and transition.id not in offered:
+            # what a lifecycle manager meets when the node started itself (module docstring)
+            hint = '; a lifecycle manager needs autostart false on this node' if \
+                transition.id == Transition.TRANSITION_CONFIGURE and \
+                self.get_parameter('autostart').value else ''
             self.get_logger().warning(
                 f'change_state refused: transition id {transition.id} is not available in '
-                f'state {self.state!r} (available: {offered or "none"})')
+                f'state {self.state!r} (available: {offered or "none"}){hint}')
             response.success = False
             return response
         return serve(request, response)
@@ -119,7 +131,8 @@ class PolicyNode(LifecycleNode):
 
     def _configure(self):
         settings = load_settings(self)
-        engine = build_engine(settings)
+        # capsule stamps on the node's clock: sim time under use_sim_time
+        engine = build_engine(settings, clock=lambda: self.get_clock().now().nanoseconds * 1e-9)
         self.report.reset()
         robot = RobotIO(settings, engine.session_names, now=self._now,
                         create_publisher=self._publisher,
@@ -164,6 +177,7 @@ class PolicyNode(LifecycleNode):
     def _activate(self):
         parts, cfg = self.parts, self.parts.settings.node
         self._activations += 1          # callbacks of an earlier activation go quiet
+        parts.robot.counter.reset()   # a gap spanning the inactive time lost nothing
         parts.robot.subscribe(parts.loop, self._control_group, self._guarded)
         parts.loop.state_replaced()
         if parts.settings.lockstep and len(parts.guards) > 1:
@@ -181,17 +195,21 @@ class PolicyNode(LifecycleNode):
 
     def _pin_episode_start(self, parts):
         engine = parts.engine
+        if EPISODE_START in engine.store or self._resumed:
+            return      # kept across deactivate/activate; a resumed process keeps its own
         try:
-            # Kept across deactivate/activate; a resumed process keeps the one it loaded.
-            if EPISODE_START not in engine.store and not self._resumed:
-                # every session starts from the same initial state: session 0's is it
-                self.get_logger().info(engine.snapshot(EPISODE_START, pin=True,
-                                                       session=0).message)
-                if parts.settings.node.checkpoint_to_disk:
-                    engine.save(EPISODE_START)
+            # every session starts from the same initial state: session 0's is it
+            self.get_logger().info(engine.snapshot(EPISODE_START, pin=True, session=0).message)
         except FlashRTError as exc:   # e.g. zero budgets: run on, reset uses the initial state
             self.get_logger().warning(f'no {EPISODE_START!r} capsule: {exc}; reset_episode '
                                       'will start from the initial state')
+            return
+        if parts.settings.node.checkpoint_to_disk:
+            try:
+                engine.save(EPISODE_START)
+            except FlashRTError as exc:   # e.g. an unwritable capsule_dir: memory still has it
+                self.get_logger().warning(f'{EPISODE_START!r} is kept in memory (reset_episode '
+                                          f'uses it) but not on disk: {exc}')
 
     def on_deactivate(self, state):
         self._control.stop()            # first: its callback in progress may wait on the lock
@@ -204,7 +222,10 @@ class PolicyNode(LifecycleNode):
         return self._tear_down('unconfigured')
 
     def on_shutdown(self, state):
-        return self._tear_down('finalized')
+        result = self._tear_down('finalized')
+        self.get_logger().info(f'shutdown from {state.label}: engine, topics and timers '
+                               'released')
+        return result
 
     def _tear_down(self, final_state):
         self._control.stop()
@@ -292,7 +313,7 @@ class PolicyNode(LifecycleNode):
         self.status_pub.publish(status)
         diagnostics = DiagnosticArray()
         diagnostics.header.stamp = status.header.stamp
-        diagnostics.status = [self.diagnostic(status)]
+        diagnostics.status = self.report.diagnostics(status, self.engine, self.parts.guards)
         self.diagnostics_pub.publish(diagnostics)
 
 

@@ -233,7 +233,7 @@ def test_bad_observations_refused_counted_and_harmless(make):
     wait_for(lambda: h.client.last_status is not None
              and h.client.last_status.rejected_observations == len(bad)
              and h.client.last_status.step == 6, what='status with 6 refused observations')
-    mine = f'flashrt_ros: {h.name}'
+    mine = f'flashrt_ros: /{h.name}'
     wait_for(lambda: any(d.name == mine and d.level == DiagnosticStatus.WARN
                          for d in list(diagnostics)), what='WARN diagnostics')
     warn = [d for d in list(diagnostics) if d.name == mine and d.level == DiagnosticStatus.WARN]
@@ -580,7 +580,7 @@ def test_500hz_burst_every_observation_answered_or_reported(make, stalled):
           f'reported lost, {s.rejected_observations} refused of {sent}')
     if stalled:
         assert s.dropped_observations > sent // 2
-        mine = f'flashrt_ros: {h.name}'
+        mine = f'flashrt_ros: /{h.name}'
         wait_for(lambda: any(d.name == mine and d.level == DiagnosticStatus.WARN
                              and 'lost before the node saw them' in d.message
                              for d in list(diagnostics)), what='WARN diagnostics of the loss')

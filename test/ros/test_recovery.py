@@ -76,11 +76,11 @@ def test_hold_policy_refuses_until_recover_service(harness):
     assert h.call('rollback', steps=1).success
     assert h.node.parts.guards[0].held, 'a rollback ended the hold'
     assert no_action_for(h, observations[7], wait=0.2)
-    # a single-session node reports its hold like a fleet: in ~/status and as a WARN
+    # a single-session node reports its hold like a fleet: in ~/status and as an ERROR
     wait_for(lambda: h.client.last_status is not None
              and list(h.client.last_status.held_sessions) == ['0'], what='held in ~/status')
     diag = h.node.diagnostic(h.node.status_message())
-    assert diag.level == DiagnosticStatus.WARN and 'held' in diag.message, diag.message
+    assert diag.level == DiagnosticStatus.ERROR and 'held' in diag.message, diag.message
     r = h.call('recover')
     assert r.success and 'checkpoint-00000001' in r.message, r.message
     assert h.steps(observations[5:12]) == ref[5:12]
