@@ -182,6 +182,10 @@ def main(argv=None):
                     help='also measure the current node while the clients call a twin node '
                     'in another process: the same machine load, none of it in the streamed '
                     "node's process (the floor that isolation inside the node can reach)")
+    ap.add_argument('--node-priority', type=int, default=0, metavar='1-99',
+                    help='also measure the current node (with the --param settings) with its '
+                    'whole process under SCHED_FIFO at this priority (chrt -f N): DDS and '
+                    'service threads included')
     ap.add_argument('--stream-priority', type=int, default=0, metavar='1-99',
                     help='run this process (the robot side: stream and its receiver) under '
                     'SCHED_FIFO, so that on a saturated machine the instrument does not add '
@@ -196,7 +200,7 @@ def main(argv=None):
               'drain_s': DRAIN_S, 'qos': f'reliable, keep-last {QOS_DEPTH}',
               'obs_dim': OBS_DIM, 'act_dim': ACT_DIM, 'baseline': args.baseline,
               'node_params': args.param, 'stream_priority': args.stream_priority,
-              'floor': args.floor,
+              'floor': args.floor, 'node_priority': args.node_priority,
               'stream_gil_switch_interval_s': INSTRUMENT_SWITCH_INTERVAL,
               'command': 'python -m benchmarks.starvation ' + ' '.join(
                   sys.argv[1:] if argv is None else argv)}
@@ -232,6 +236,9 @@ def main(argv=None):
     specs['current'] = spec
     if args.param:      # the same node again, with these parameters, side by side
         specs['current ' + ' '.join(args.param)] = dict(spec, params=args.param)
+    if args.node_priority:
+        specs[f'current, process SCHED_FIFO {args.node_priority}'] = dict(
+            spec, params=args.param, process_priority=args.node_priority)
     if args.floor:
         specs['floor: clients on a twin node'] = dict(spec, params=args.param, twin=True)
     log(f'starvation: {args.rate:g} Hz, {args.clients} clients, {args.device}, logs in '

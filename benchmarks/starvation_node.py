@@ -122,8 +122,17 @@ def default_scheduler():
 
 
 def start_node(spec, args, log_path):
+    '''The node's process; spec['process_priority'] > 0 starts it (every thread it makes)
+    under SCHED_FIFO at that priority, as `chrt -f N` would, else on the default scheduler.'''
     env = dict(os.environ, **spec['env'])
     log_file = open(log_path, 'w')
+    priority = spec.get('process_priority', 0)
+
+    def scheduler():
+        if priority:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        else:
+            default_scheduler()
     proc = subprocess.Popen(spec['command'] + args, stdout=log_file, stderr=subprocess.STDOUT,
-                            env=env, cwd=spec['cwd'], preexec_fn=default_scheduler)
+                            env=env, cwd=spec['cwd'], preexec_fn=scheduler)
     return proc, log_file
