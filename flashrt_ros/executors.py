@@ -201,6 +201,27 @@ class _GroupExecutor(SingleThreadedExecutor):
         return entity.callback_group is self._group and super().can_execute(entity)
 
 
+def set_process_priority(priority, log):
+    """Every thread of this process (rclpy's executor, Fast DDS's reception and event threads,
+    and those they start later, which inherit it) under SCHED_FIFO at `priority`; 0 does
+    nothing. Measured why (benchmarks/results/*-cpu-starvation-*): on a saturated machine a
+    service thread that holds the GIL and is preempted by other processes stalls the control
+    thread behind it; at a real-time priority nothing of the default scheduler preempts it.
+    Returns whether it was applied."""
+    if not priority:
+        return False
+    try:
+        for tid in os.listdir('/proc/self/task'):
+            os.sched_setscheduler(int(tid), os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as exc:
+        log.warning(f'process_priority: could not enable SCHED_FIFO priority {priority} '
+                    f'({exc}); running on the default scheduler. Grant CAP_SYS_NICE or an '
+                    'rtprio limit to the user.')
+        return False
+    log.info(f'process_priority: every thread under SCHED_FIFO priority {priority}')
+    return True
+
+
 class ControlThread:
     """Spins `group` (a ControlGroup) of `node` on a thread of its own, from start() until
     stop(). Create the group's entities before start() and destroy them after stop(): the

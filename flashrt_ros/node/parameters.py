@@ -100,6 +100,11 @@ class NodeConfig:
         'thread_priority); 0: the default scheduler. Needs CAP_SYS_NICE or an rtprio limit '
         '(/etc/security/limits.conf); refused, the node logs it and runs on the default '
         'scheduler', low=0, high=99)
+    process_priority: int = param(
+        0, 'every thread of the node process under SCHED_FIFO at this priority (1-99; set '
+        'control_priority above it), from the first activate: on a saturated machine a service '
+        'thread preempted while it holds the GIL would stall the control thread; 0: the '
+        'default scheduler. Needs CAP_SYS_NICE or an rtprio limit', low=0, high=99)
     status_period: float = param(1.0, 'seconds between ~/status and /diagnostics messages',
                                  low=0.01, high=3600.0, live=True)
     checkpoint_every: int = param(0, 'a host-tier checkpoint capsule every N steps (0: off)',

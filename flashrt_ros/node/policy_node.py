@@ -35,7 +35,8 @@ from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 
 from flashrt_ros import msg as fmsg
-from flashrt_ros.executors import ControlGroup, ControlThread, publisher_events, run
+from flashrt_ros.executors import ControlGroup, ControlThread, publisher_events, run, \
+    set_process_priority
 from flashrt_ros.node.capsule_services import CapsuleServices
 from flashrt_ros.node.control_loop import ControlLoop
 from flashrt_ros.node.diagnostics import Report
@@ -171,7 +172,9 @@ class PolicyNode(LifecycleNode):
     def on_activate(self, state):
         with self.lock:
             self._activate()
-        self._control.start(self.parts.settings.node.control_priority)
+        cfg = self.parts.settings.node
+        set_process_priority(cfg.process_priority, self.get_logger())
+        self._control.start(cfg.control_priority)
         return super().on_activate(state)
 
     def _activate(self):
