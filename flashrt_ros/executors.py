@@ -226,18 +226,23 @@ class ControlThread:
     """Spins `group` (a ControlGroup) of `node` on a thread of its own, from start() until
     stop(). Create the group's entities before start() and destroy them after stop(): the
     node wakes only the executor it was added to, so this thread would not see a change to
-    its wait set until its next wake (at most 0.5 s)."""
+    its wait set until its next wake (at most poll_s)."""
 
     def __init__(self, node, group):
         self._node, self._group = node, group
-        self._executor = self._thread = None
+        self._executor = self._thread = self._wake = None
         self._stopping = False
         self.priority = 0
+        self.poll_s = 0.5     # a safety net only: stop() and shutdown wake the thread
 
     def start(self, priority=0):
         """priority: 1-99 runs the thread under SCHED_FIFO at that priority (0: the default
         scheduler), so that other processes on a busy machine do not delay a tick."""
         self._stopping, self.priority = False, priority
+        # in the control group, so that stop() ends this thread's wait at once (the executor's
+        # wake() does not end a wait: the thread would see _stopping only at its 0.5 s poll,
+        # and every deactivate, cleanup and Ctrl-C would wait for it)
+        self._wake = self._node.create_guard_condition(lambda: None, callback_group=self._group)
         self._executor = _GroupExecutor(self._node, self._group)
         self._thread = threading.Thread(target=self._spin, daemon=True,
                                         name=f'{self._node.get_name()} control')
@@ -256,7 +261,7 @@ class ControlThread:
                             'Grant CAP_SYS_NICE or an rtprio limit to the user.')
         while not self._stopping and self._node.context.ok():
             try:
-                self._executor.spin_once(timeout_sec=0.5)
+                self._executor.spin_once(timeout_sec=self.poll_s)
             except ExternalShutdownException:
                 break
             except Exception as exc:  # noqa: B902 - the control thread must outlive a callback
@@ -269,8 +274,9 @@ class ControlThread:
         if self._thread is None:
             return
         self._stopping = True
-        self._executor.wake()
+        self._wake.trigger()
         self._thread.join()
         self._group.thread_id = None
         self._executor.shutdown()
-        self._executor = self._thread = None
+        self._node.destroy_guard_condition(self._wake)
+        self._executor = self._thread = self._wake = None

@@ -59,3 +59,20 @@ def test_deactivate_stops_the_control_thread_and_activate_starts_it(make):
     assert [t.name for t in threading.enumerate()].count(name) == 1
     observations = obs_range(0, 3)
     assert h.steps(observations) == h.reference(observations)
+
+
+def test_stop_wakes_the_control_thread_at_once(ros):
+    """stop() (every deactivate, cleanup and Ctrl-C) ends the control thread's wait itself:
+    with a one-minute poll, only the wake-up can end it within the test's 20 s."""
+    from flashrt_ros.executors import ControlGroup, ControlThread
+    node = rclpy.create_node(f'control_stop_{id(object())}')
+    try:
+        thread = ControlThread(node, ControlGroup())
+        thread.poll_s = 60.0
+        thread.start()
+        time.sleep(0.2)     # let it enter its wait (an earlier stop would not test the wake)
+        done = threading.Event()
+        threading.Thread(target=lambda: (thread.stop(), done.set()), daemon=True).start()
+        assert done.wait(20.0), 'stop() waited for the control thread\'s poll'
+    finally:
+        node.destroy_node()
