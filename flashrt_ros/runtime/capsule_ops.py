@@ -41,6 +41,12 @@ def _new_manifest(name, parent, tier, pinned, nbytes, counters, digests, created
                     schema_digest=schema_digest, model_digest=model_digest, created=created)
 
 
+def _pinned(replaced):
+    """An overwrite never unpins: the LRU would then be free to drop a reset point such as
+    episode_start, with no word to whoever overwrote it."""
+    return replaced is not None and replaced.manifest.pinned
+
+
 class CapsuleOps:
     """The capsule operations over one engine's parts: the arena and its sessions, the store,
     the rollback ring, the step program (initial state), the transfer and its timer."""
@@ -72,13 +78,8 @@ class CapsuleOps:
             self._snap_count += 1
             name = f'snap-{s.step_index}-{self._snap_count}'
         self.store.validate_name(name)
-        if name in self.store and not overwrite:
-            raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
-        # an overwrite never unpins: the LRU would then be free to drop a reset point such as
-        # episode_start, with no word to whoever overwrote it
-        old = self.store.peek(name) if overwrite else None
-        pin = pin or (old is not None and old.manifest.pinned)
-        data = self._bytes_for(name, overwrite, self.arena.live_nbytes(s.position), tier)
+        old = self._replaced(name, overwrite)
+        data = self._bytes_for(old, self.arena.live_nbytes(s.position), tier)
         with self.timer as timer:
             self.arena.read_live(s.position, data, self.transfer, s.index)
             # The copy is asynchronous: the manifest and the store's bookkeeping run on the
@@ -86,15 +87,23 @@ class CapsuleOps:
             # refused put frees fresh bytes only: overwriting in place cannot be refused.)
             # No checksum here: it would cost a device->host read on the hot path. It is
             # computed when the capsule is written to disk and checked on every read from disk.
-            m = _new_manifest(name, s.lineage, tier, pin, data.numel(),
+            m = _new_manifest(name, s.lineage, tier, pin or _pinned(old), data.numel(),
                               (s.step_index, s.episode, s.position),
                               (self.arena.schema_digest, self.model_digest), self.clock())
             self.store.put(Capsule(m, data), overwrite=overwrite)
         return m, timer.us     # manifests are frozen: the caller cannot change the store's
 
-    def _bytes_for(self, name, overwrite, nbytes, tier, avoid=None):
-        """The bytes a new capsule `name` of `nbytes` in `tier` is copied into."""
-        old = self.store.peek(name) if overwrite else None
+    def _replaced(self, name, overwrite):
+        """The capsule a new capsule `name` replaces (None: the name is new); CapsuleExists
+        unless overwrite."""
+        old = self.store.peek(name)
+        if old is not None and not overwrite:
+            raise CapsuleExists(f'capsule {name!r} exists; pass overwrite to replace it')
+        return old
+
+    def _bytes_for(self, old, nbytes, tier, avoid=None):
+        """The bytes a new capsule of `nbytes` in `tier` is copied into; old: the capsule it
+        replaces, or None."""
         if (old is not None and old.manifest.tier == tier and old.data is not None
                 and old.manifest.nbytes == nbytes and old.data is not avoid):
             # Overwriting a capsule of the same size in the same tier (periodic checkpoints, a
@@ -173,14 +182,13 @@ class CapsuleOps:
             self.store.validate_name(target)
             capsule = self.store.get(source)
             src = capsule.manifest
-            if target in self.store and not overwrite:
-                raise CapsuleExists(f'capsule {target!r} exists; pass overwrite to replace it')
+            old = self._replaced(target, overwrite)
             held = self.store.held(capsule)     # from disk: read, verified before any write
-            data = self._bytes_for(target, overwrite, src.nbytes, Tier.DEVICE, avoid=held)
+            data = self._bytes_for(old, src.nbytes, Tier.DEVICE, avoid=held)
             with self.timer as timer:
                 self.transfer.copy(data, held, src.nbytes)
                 # bookkeeping while the copy is in flight, as in _snapshot_live
-                m = _new_manifest(target, source, Tier.DEVICE, False, src.nbytes,
+                m = _new_manifest(target, source, Tier.DEVICE, _pinned(old), src.nbytes,
                                   (src.step, src.episode, src.position),
                                   (src.schema_digest, src.model_digest), self.clock())
                 self.store.put(Capsule(m, data), overwrite=overwrite)

@@ -29,6 +29,11 @@ def test_overwriting_episode_start_keeps_it_pinned(ros, tmp_path):
         assert r.success, r.message
         assert _capsule(h, 'episode_start').pinned      # was silently unpinned
         assert _capsule(h, 'episode_start').step == 3
+        # a fork onto it replaces it the same way
+        assert h.call('snapshot', name='other').success
+        r = h.call('fork', source='other', target='episode_start', overwrite=True)
+        assert r.success, r.message
+        assert _capsule(h, 'episode_start').pinned
     finally:
         h.close()
 
