@@ -201,6 +201,22 @@ class _GroupExecutor(SingleThreadedExecutor):
         return entity.callback_group is self._group and super().can_execute(entity)
 
 
+def _sched_fifo(threads, priority, log, who, applied):
+    """The threads that threads() lists (0: the calling one) under SCHED_FIFO at `priority`;
+    logs `applied`, or, refused (or no /proc to list them), that `who` runs on the default
+    scheduler and why. Returns whether it was applied."""
+    try:
+        for tid in threads():
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as exc:
+        log.warning(f'{who}: could not enable SCHED_FIFO priority {priority} ({exc}); running '
+                    'on the default scheduler. Grant CAP_SYS_NICE or an rtprio limit to the '
+                    'user.')
+        return False
+    log.info(applied)
+    return True
+
+
 def set_process_priority(priority, log):
     """Every thread of this process (rclpy's executor, Fast DDS's reception and event threads,
     and those they start later, which inherit it) under SCHED_FIFO at `priority`; 0 does
@@ -210,16 +226,9 @@ def set_process_priority(priority, log):
     Returns whether it was applied."""
     if not priority:
         return False
-    try:
-        for tid in os.listdir('/proc/self/task'):
-            os.sched_setscheduler(int(tid), os.SCHED_FIFO, os.sched_param(priority))
-    except (OSError, AttributeError) as exc:
-        log.warning(f'process_priority: could not enable SCHED_FIFO priority {priority} '
-                    f'({exc}); running on the default scheduler. Grant CAP_SYS_NICE or an '
-                    'rtprio limit to the user.')
-        return False
-    log.info(f'process_priority: every thread under SCHED_FIFO priority {priority}')
-    return True
+    return _sched_fifo(lambda: [int(tid) for tid in os.listdir('/proc/self/task')], priority,
+                       log, 'process_priority',
+                       f'process_priority: every thread under SCHED_FIFO priority {priority}')
 
 
 class ControlThread:
@@ -251,14 +260,9 @@ class ControlThread:
     def _spin(self):
         self._group.thread_id = threading.get_ident()
         log = self._node.get_logger()
-        if self.priority:
-            try:    # this thread only: on Linux, pid 0 is the calling thread
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.priority))
-                log.info(f'control thread: SCHED_FIFO priority {self.priority}')
-            except (OSError, AttributeError) as exc:
-                log.warning(f'control thread: could not enable SCHED_FIFO priority '
-                            f'{self.priority} ({exc}); running on the default scheduler. '
-                            'Grant CAP_SYS_NICE or an rtprio limit to the user.')
+        if self.priority:   # this thread only: on Linux, pid 0 is the calling thread
+            _sched_fifo(lambda: [0], self.priority, log, 'control thread',
+                        f'control thread: SCHED_FIFO priority {self.priority}')
         while not self._stopping and self._node.context.ok():
             try:
                 self._executor.spin_once(timeout_sec=self.poll_s)

@@ -27,6 +27,7 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
 from flashrt_ros.client import spin_in_thread  # noqa: E402
 from flashrt_ros.harness.episode_runner import declare_parameters, run_episodes  # noqa: E402
 from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
+from support.ros_tools import installed_executable  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
@@ -41,14 +42,8 @@ STEPS_20S = 1000        # policy steps in 20 s at 50 Hz
 FIRST_STAMP = 20_000_000    # ns: the world's first readings, after one period at the defaults
 
 
-def _executable(name):
-    prefix = next(p for p in os.environ['AMENT_PREFIX_PATH'].split(os.pathsep)
-                  if (pathlib.Path(p) / 'lib' / 'flashrt_ros' / name).exists())
-    return str(pathlib.Path(prefix) / 'lib' / 'flashrt_ros' / name)
-
-
 def _start(name, args, log):
-    cmd = [_executable(name), '--ros-args', '--params-file', str(G1_YAML), *args]
+    cmd = [installed_executable(name), '--ros-args', '--params-file', str(G1_YAML), *args]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -9,23 +9,16 @@ down, so that one lands while the node handles the first, whatever the timing of
 """
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 
+from support.ros_tools import NEEDS_ROS2, ROS2
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROS_TOOLS = ROOT.parent / 'shared' / 'ros-tools'
-ROS2 = shutil.which('ros2')
-pytestmark = [
-    pytest.mark.ros,
-    pytest.mark.skipif(not ROS_TOOLS.is_dir(), reason=f'no {ROS_TOOLS}: the upstream ros2 CLI '
-                       'and launch tools exist only beside a developer or CI checkout'),
-    pytest.mark.skipif(ROS2 is None, reason='no ros2 executable: run tools/bootstrap.sh (it '
-                       'installs ../shared/ros-tools into .venv) and source tools/env.sh'),
-]
+pytestmark = NEEDS_ROS2
 yaml = pytest.importorskip('yaml')
 
 PARAMS = {'device': 'cpu', 'obs_dim': 7, 'act_dim': 3, 'rnn_hidden_dim': 24}

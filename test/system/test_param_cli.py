@@ -6,21 +6,13 @@ The CLI comes from ../shared/ros-tools (installed by tools/bootstrap.sh where th
 exists); it runs without a daemon, in this test run's ROS domain (conftest.py).
 """
 import os
-import pathlib
-import shutil
 import subprocess
 
 import pytest
 
-ROS_TOOLS = pathlib.Path(__file__).resolve().parents[3] / 'shared' / 'ros-tools'
-ROS2 = shutil.which('ros2')
-pytestmark = [
-    pytest.mark.ros,
-    pytest.mark.skipif(not ROS_TOOLS.is_dir(), reason=f'no {ROS_TOOLS}: the upstream ros2 CLI '
-                       'exists only beside a developer or CI checkout'),
-    pytest.mark.skipif(ROS2 is None, reason='no ros2 executable: run tools/bootstrap.sh (it '
-                       'installs ../shared/ros-tools into .venv) and source tools/env.sh'),
-]
+from support.ros_tools import NEEDS_ROS2, ROS2
+
+pytestmark = NEEDS_ROS2
 rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
 
 

@@ -8,15 +8,9 @@ import time
 
 import pytest
 
+from support.ros_tools import installed_executable
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _executable():
-    for prefix in os.environ.get('AMENT_PREFIX_PATH', '').split(os.pathsep):
-        exe = pathlib.Path(prefix) / 'lib' / 'flashrt_ros' / 'policy_node'
-        if exe.exists():
-            return str(exe)
-    pytest.skip('policy_node is not installed: run tools/test.sh (it builds and sources it)')
 
 
 def _wait_log(path, words, proc, seconds=120.0):
@@ -35,7 +29,8 @@ def test_process_and_control_priorities_reach_every_thread(tmp_path):
     log_path = tmp_path / 'node.log'
     name = f'rt_priorities_{os.getpid()}'
     proc = subprocess.Popen(
-        [_executable(), '--ros-args', '--params-file', str(ROOT / 'config' / 'policy.yaml'),
+        [installed_executable('policy_node'), '--ros-args', '--params-file',
+         str(ROOT / 'config' / 'policy.yaml'),
          '-r', f'__node:={name}', '-p', 'device:=cpu', '-p', f'capsule_dir:={tmp_path}',
          '-p', 'process_priority:=5', '-p', 'control_priority:=7'],
         stdout=open(log_path, 'w'), stderr=subprocess.STDOUT)

@@ -2,7 +2,6 @@
 with restore_on_start, and capsule files that a writer killed mid-write can never leave
 loadable. (The in-process recovery tests: test/ros/test_recovery.py.)"""
 import os
-import pathlib
 import random
 import signal
 import subprocess
@@ -18,12 +17,11 @@ from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.capsule_file import read_file  # noqa: E402
 from support.common import obs_range, wait_for  # noqa: E402
 from support.nodes import RECURRENT, reference_actions  # noqa: E402
+from support.ros_tools import installed_executable  # noqa: E402
 
 
 def _node_process(params, domain):
-    prefix = next(p for p in os.environ['AMENT_PREFIX_PATH'].split(os.pathsep)
-                  if (pathlib.Path(p) / 'lib' / 'flashrt_ros' / 'policy_node').exists())
-    args = [str(pathlib.Path(prefix) / 'lib' / 'flashrt_ros' / 'policy_node'), '--ros-args']
+    args = [installed_executable('policy_node'), '--ros-args']
     for key, value in params.items():
         args += ['-p', f'{key}:={value}']
     env = dict(os.environ, ROS_DOMAIN_ID=domain)

@@ -17,17 +17,11 @@ import time
 
 import pytest
 
+from support.ros_tools import NEEDS_ROS2, ROS2
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROS_TOOLS = ROOT.parent / 'shared' / 'ros-tools'
-ROS2 = shutil.which('ros2')
 DAEMON = ROS2 and shutil.which('_ros2_daemon', path=os.path.dirname(ROS2))
-pytestmark = [
-    pytest.mark.ros,
-    pytest.mark.skipif(not ROS_TOOLS.is_dir(), reason=f'no {ROS_TOOLS}: the upstream ros2 CLI '
-                       'and launch tools exist only beside a developer or CI checkout'),
-    pytest.mark.skipif(ROS2 is None, reason='no ros2 executable: run tools/bootstrap.sh (it '
-                       'installs ../shared/ros-tools into .venv) and source tools/env.sh'),
-]
+pytestmark = NEEDS_ROS2
 rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
 yaml = pytest.importorskip('yaml')
 
