@@ -142,9 +142,18 @@ if [ $ros_mode = wheels ]; then
   cmake_args+=(-DPython3_NumPy_INCLUDE_DIR="$np_link")
 fi
 
-# 4. Build and install the package (incremental).
+# 4. Build and install the package (incremental), with the upstream interface packages of
+# ../shared/ros-src where it exists (simulation_interfaces: the standard simulator API the
+# worlds serve; not on PyPI, and a user's ROS install has it as ros-jazzy-simulation-interfaces).
+base_paths=("$ROOT")
+ros_src=$(cd "$ROOT/.." && pwd)/shared/ros-src
+if [ -d "$ros_src/simulation_interfaces" ] && [ $ros_mode = wheels ]; then
+  base_paths+=("$ros_src")
+elif [ $ros_mode = wheels ]; then
+  log "no $ros_src: simulation_interfaces is not built (the worlds then serve only their own services)"
+fi
 log "colcon build"
-PATH=$VENV/bin:$PATH "$VENV/bin/colcon" build --base-paths "$ROOT" --build-base build \
+PATH=$VENV/bin:$PATH "$VENV/bin/colcon" build --base-paths "${base_paths[@]}" --build-base build \
   --install-base install \
   --cmake-args "${cmake_args[@]}" >build.log 2>&1 \
   || { tail -40 build.log; log "colcon build failed; full log in build.log"; exit 1; }
