@@ -73,6 +73,7 @@ class MujocoWorld(MujocoSnapshots):
         self.steps = 0
         self.noise_std = 0.0
         self.rng = np.random.default_rng(seed)
+        self.start_time = float(self.data.time), self.steps     # ResetSimulation SCOPE_TIME
         return self.observation()
 
     def perturb(self, push=0.0, noise_seed=None, noise_std=0.0):
@@ -107,6 +108,11 @@ class MujocoWorld(MujocoSnapshots):
             mujoco.mj_step(self.model, self.data)
         self.steps += 1
         return self.observation(), self.reward()
+
+    @property
+    def control_period(self):
+        """Simulated seconds of one step()."""
+        return self.frame_skip * float(self.model.opt.timestep)
 
     def reward(self):
         x, theta = self.data.qpos[0], self.data.qpos[1]

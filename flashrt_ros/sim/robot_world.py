@@ -124,6 +124,7 @@ class RobotWorld(MujocoSnapshots):
         self.rng = np.random.default_rng(seed)
         self.targets = self.default_angles.copy()
         self._run()
+        self.start_time = float(self.data.time), self.steps     # ResetSimulation SCOPE_TIME
         return self.observation()
 
     def step(self, targets=None):
@@ -190,8 +191,9 @@ class RobotWorld(MujocoSnapshots):
         return self.data.qpos[self.base_qpos:self.base_qpos + 3].copy()
 
     @property
-    def sim_time(self):
-        return float(self.data.time)
+    def control_period(self):
+        """Simulated seconds of one step()."""
+        return self.decimation * self.sim_dt
 
     def observation(self):
         obs = np.concatenate([self.data.qpos, self.data.qvel])

@@ -34,6 +34,7 @@ or ~/step = one control period), and the robot topics are added:
 published after every reset, step and restore, all stamped with the simulation time.
 """
 import array
+import os
 import threading
 import time
 
@@ -41,9 +42,10 @@ from geometry_msgs.msg import PoseStamped
 import numpy as np
 from rcl_interfaces.msg import ParameterDescriptor
 import rclpy
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.task import Future
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float32MultiArray, Float64, Float64MultiArray
@@ -52,9 +54,17 @@ from std_srvs.srv import Trigger
 from flashrt_ros import srv as fsrv
 from flashrt_ros.executors import run
 from flashrt_ros.messages import robot_messages, sim_stamp
+from flashrt_ros.msg import CapsuleInfo
+from flashrt_ros.runtime.errors import FlashRTError
+from flashrt_ros.sim import simulation_services
 from flashrt_ros.sim.cartpole import MujocoWorld
 from flashrt_ros.sim.robot_world import RobotWorld
 from flashrt_ros.sim.world import mujoco
+from flashrt_ros.sim.world_capsules import WorldCapsules
+
+# simulation_interfaces/msg/SimulationState values (also where that package is not built)
+STOPPED, PLAYING, PAUSED, QUITTING, NO_WORLD, LOADING_WORLD = range(6)
+LOCKSTEP_MODES = ('command', 'steps', 'off')
 
 ROBOT_PARAMETERS = ('mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 'sim_dt',
                     'decimation', 'clip_targets')
@@ -109,6 +119,10 @@ class SimNode(Node):
         self.declare_parameter('steps_per_call', 1)
         self.declare_parameter('qos_depth', 10)
         self.declare_parameter('world', 'cartpole')
+        self.declare_parameter('lockstep', 'command')
+        self.declare_parameter('command_timeout', 10.0)
+        self.declare_parameter('real_time_factor', 1.0)
+        self.declare_parameter('capsule_dir', '')
         p = self.get_parameter
         kind = p('world').value
         if kind == 'cartpole':
@@ -118,9 +132,26 @@ class SimNode(Node):
             self.world = robot_world_from_parameters(self)
         else:
             raise ValueError(f"parameter world must be 'cartpole' or 'mjcf', got {kind!r}")
+        self.lockstep = p('lockstep').value
+        if self.lockstep not in LOCKSTEP_MODES:
+            raise ValueError(f'parameter lockstep must be one of {", ".join(LOCKSTEP_MODES)}, '
+                             f'got {self.lockstep!r}')
+        if not p('real_time_factor').value > 0 or not p('command_timeout').value > 0:
+            raise ValueError('parameters real_time_factor and command_timeout must be > 0')
         self.world.reset(p('seed').value)
+        self.capsules = WorldCapsules(self.world, p('capsule_dir').value or os.path.join(
+            os.environ.get('ROS_HOME') or os.path.join('~', '.ros'), 'flashrt_capsules',
+            self.get_fully_qualified_name().lstrip('/')))
         self.lock = threading.Lock()    # one world operation at a time
-        group = MutuallyExclusiveCallbackGroup()
+        self.sim_state = PAUSED
+        self.busy = ''          # what is stepping now ('a SimulateSteps goal', ...), or ''
+        self.held = None        # the command the next step applies (None: keep the last)
+        self._answer = None     # lockstep 'steps': resolved by the command after the readings
+        self._published = False     # lockstep 'steps': the current state's readings went out
+        self._play_timer = None
+        # One reentrant group on a single-threaded executor: callbacks interleave only where
+        # a step awaits the policy's command (lockstep 'steps'), never inside a world operation.
+        group = ReentrantCallbackGroup()
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=p('qos_depth').value,
                          reliability=ReliabilityPolicy.RELIABLE)
         self.obs_pub = self.create_publisher(Float32MultiArray, '~/observation', qos)
@@ -147,64 +178,205 @@ class SimNode(Node):
                             callback_group=group)
         self.create_service(fsrv.Restore, '~/restore', self.restore_callback,
                             callback_group=group)
+        self.create_service(fsrv.SaveCapsule, '~/save_capsule', self.save_callback,
+                            callback_group=group)
+        self.create_service(fsrv.LoadCapsule, '~/load_capsule', self.load_callback,
+                            callback_group=group)
+        self.create_service(fsrv.ListCapsules, '~/list_capsules', self.list_callback,
+                            callback_group=group)
+        self.create_service(fsrv.DeleteCapsule, '~/delete_capsule', self.delete_callback,
+                            callback_group=group)
+        standard = 'simulation_interfaces services'
+        if simulation_services.available():
+            self.standard = simulation_services.SimulationServices(self, group)
+        else:
+            self.standard = None
+            standard = 'no simulation_interfaces (not built: install ' \
+                'ros-jazzy-simulation-interfaces or build it in the workspace)'
         what = 'cart-pole' if self.robot is None else \
             f'{p("mjcf_path").value}, joints {", ".join(self.world.joint_names)}, ' \
             f'dt {self.world.sim_dt} s x {self.world.decimation}'
         self.get_logger().info(
             f'MuJoCo {mujoco.__version__} {what}: obs_dim {self.world.obs_dim}, '
-            f'act_dim {self.world.act_dim}, state {self.world.state_size * 8} bytes')
+            f'act_dim {self.world.act_dim}, state {self.world.state_size * 8} bytes; '
+            f'lockstep {self.lockstep!r}; {standard}')
+
+    # -- readings out ---------------------------------------------------------------------
 
     def _republish(self):
+        # lockstep 'steps' sends again only readings already sent (never a new state's early:
+        # the policy must see a restored or pushed state first, when the next step asks)
+        if self.lockstep == 'steps' and not self._published and self.sim_state != PLAYING:
+            return
         with self.lock:
             if time.monotonic() - self._last_publish >= \
                     self.get_parameter('republish_period').value:
                 self.robot.publish()
                 self._last_publish = time.monotonic()
 
+    def _publish_clock(self):
+        self.clock_pub.publish(Clock(clock=sim_stamp(float(self.world.data.time))))
+
     def publish(self, obs, reward):
         self._last_publish = time.monotonic()
+        if self.lockstep == 'steps':
+            self._answer = Future()     # before the readings go out: no answer is missed
+            self._published = True
         msg = Float32MultiArray()
         msg.data = array.array('f', np.asarray(obs, dtype=np.float32).tobytes())
         self.obs_pub.publish(msg)
         self.reward_pub.publish(Float64(data=float(reward)))
-        self.clock_pub.publish(Clock(clock=sim_stamp(float(self.world.data.time))))
+        self._publish_clock()
         if self.robot is not None:
             self.robot.publish()
 
-    def action_callback(self, msg):
-        with self.lock:
-            try:
-                obs, reward = self.world.step(list(msg.data))
-            except ValueError as exc:
-                self.get_logger().warning(f'action refused: {exc}',
-                                          throttle_duration_sec=1.0)
-                return
+    def changed(self, obs=None):
+        """After a reset, restore or set state: the new readings go out, except under lockstep
+        'steps' while not playing, where the next step sends them (only /clock now)."""
+        if self.lockstep == 'steps' and self.sim_state != PLAYING:
+            self._published = False
+            self._publish_clock()
+            return
+        self.publish(self.world.observation() if obs is None else obs, self.world.reward())
+
+    # -- stepping -------------------------------------------------------------------------
+
+    def _step(self, command):
+        """One control period holding `command` (None: the last one). False if refused."""
+        try:
+            obs, reward = self.world.step(command)
+        except ValueError as exc:
+            self.get_logger().warning(f'command refused: {exc}', throttle_duration_sec=1.0)
+            return False
+        self.held = None
+        if self.lockstep == 'steps' and self.sim_state != PLAYING:
+            self._published = False
+            self._publish_clock()
+        else:
             self.publish(obs, reward)
+        return True
+
+    def action_callback(self, msg):
+        command = list(msg.data)
+        if self.lockstep == 'command' and self.sim_state == PAUSED and not self.busy:
+            with self.lock:
+                self._step(command)
+            return
+        self.held = command
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(command)
+
+    async def _answered(self):
+        """lockstep 'steps': the current readings out (once), then the command that answers
+        them; None after command_timeout."""
+        if not self._published:
+            with self.lock:
+                self.publish(self.world.observation(), self.world.reward())
+        answer = self._answer
+        if not answer.done():
+            timer = self.create_timer(self.get_parameter('command_timeout').value,
+                                      lambda: answer.done() or answer.set_result(None))
+            try:
+                await answer
+            finally:
+                self.destroy_timer(timer)
+        return answer.result()
+
+    async def advance(self, steps, what, feedback=None, cancelled=None):
+        """`steps` control periods while paused (the caller checked): (steps done, error or
+        ''). Between steps other callbacks run (a cancel, a state query)."""
+        self.busy = what
+        try:
+            for done in range(steps):
+                if cancelled is not None and cancelled():
+                    return done, 'canceled'
+                command = self.held
+                if self.lockstep == 'steps':
+                    command = await self._answered()
+                    if command is None:
+                        topic = '~/joint_commands' if self.robot is not None else '~/action'
+                        return done, (f'no command on {self.get_name()}/{topic[2:]} answered '
+                                      f'the readings at {self.world.sim_time:.4f} s within '
+                                      f'{self.get_parameter("command_timeout").value} s '
+                                      '(lockstep steps): is the policy running?')
+                else:
+                    await _Yield(self.executor)     # a cancel or a query may run in between
+                with self.lock:
+                    if not self._step(command):
+                        return done, 'the command was refused (see the log)'
+                if feedback is not None:
+                    feedback(done + 1)
+            return steps, ''
+        finally:
+            self.busy = ''
+
+    def _play_tick(self):
+        if self.sim_state == PLAYING and not self.busy:
+            with self.lock:
+                self._step(self.held)
+
+    def set_sim_state(self, target):
+        """simulation_interfaces SetSimulationState: (result code, message)."""
+        R, T = simulation_services.R, simulation_services.si_srv.SetSimulationState.Response
+        if target == self.sim_state:
+            return T.ALREADY_IN_TARGET_STATE, f'already in state {target}'
+        if target in (NO_WORLD, LOADING_WORLD):
+            return R.RESULT_FEATURE_UNSUPPORTED, 'worlds are not loaded or unloaded here'
+        if target not in (STOPPED, PLAYING, PAUSED, QUITTING):
+            return R.RESULT_OPERATION_FAILED, f'unknown simulation state {target}'
+        if self.busy:
+            return R.RESULT_INCORRECT_STATE, f'{self.busy} is running: cancel it first'
+        if self._play_timer is not None:
+            self.destroy_timer(self._play_timer)
+            self._play_timer = None
+        if target == QUITTING:
+            self.get_logger().info('simulation state QUITTING: the node ends')
+            once = []
+            self.create_timer(0.1, lambda: once or once.append(
+                rclpy.try_shutdown(context=self.context)))
+            return R.RESULT_OK, ''
+        self.sim_state = target
+        if target == PLAYING:
+            period = self.world.control_period / self.get_parameter('real_time_factor').value
+            self._play_timer = self.create_timer(period, self._play_tick)
+        elif target == STOPPED:
+            self.reset_world(True, True)
+        return R.RESULT_OK, ''
+
+    def reset_world(self, state=True, time=True):
+        with self.lock:
+            obs = self.world.reset_scoped(self.get_parameter('seed').value, state, time)
+            self.changed(obs)
+
+    # -- the package's own services ---------------------------------------------------------
 
     def reset_callback(self, request, response):
-        with self.lock:
-            obs = self.world.reset(self.get_parameter('seed').value)
-            self.publish(obs, self.world.reward())
+        if self.busy:
+            response.success, response.message = False, f'{self.busy} is running'
+            return response
+        self.reset_world()
         response.success, response.message = True, 'world reset'
         return response
 
-    def step_callback(self, request, response):
+    async def step_callback(self, request, response):
         n = max(1, int(self.get_parameter('steps_per_call').value))
-        with self.lock:
-            for _ in range(n):
-                obs, reward = self.world.step(None)
-            self.publish(obs, reward)
-            response.message = f'{n} steps, world step {self.world.steps}, ' \
-                               f'time {self.world.data.time:.4f} s'
-        response.success = True
+        if self.busy or self.sim_state != PAUSED:
+            response.success = False
+            response.message = self.busy + ' is running' if self.busy else \
+                'the simulation is not paused (set_simulation_state PAUSED)'
+            return response
+        done, error = await self.advance(n, 'a ~/step call')
+        response.success = not error
+        response.message = error or f'{n} steps, world step {self.world.steps}, ' \
+                                    f'time {self.world.data.time:.4f} s'
         return response
 
     def snapshot_callback(self, request, response):
         t0 = time.perf_counter()
         with self.lock:
             try:
-                nbytes = self.world.snapshot(request.name)
-            except ValueError as exc:
+                nbytes = self.capsules.snapshot(request.name, request.overwrite)
+            except (FlashRTError, ValueError) as exc:
                 response.success, response.message = False, str(exc)
                 return response
             steps = self.world.steps
@@ -214,26 +386,83 @@ class SimNode(Node):
 
     def restore_callback(self, request, response):
         t0 = time.perf_counter()
+        if self.busy:
+            response.success, response.message = False, f'{self.busy} is running'
+            return response
         with self.lock:
             try:
-                obs = self.world.restore(request.name)
-            except KeyError as exc:
-                response.success, response.message = False, exc.args[0]
+                obs = self.capsules.restore(request.name)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
                 return response
             steps = self.world.steps
-            self.publish(obs, self.world.reward())
+            self.changed(obs)
         self._fill_response(response, request.name, steps, self.world.state_size * 8, t0)
         response.message = f'world restored to {request.name!r} (step {steps})'
         return response
 
+    def save_callback(self, request, response):
+        with self.lock:
+            try:
+                response.path, response.nbytes = self.capsules.save(request.name, request.path)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+        response.success, response.message = True, f'world capsule saved to {response.path}'
+        return response
+
+    def load_callback(self, request, response):
+        with self.lock:
+            try:
+                name, steps, nbytes = self.capsules.load(request.path, request.name,
+                                                         request.overwrite)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+        self._fill_response(response, name, steps, nbytes, time.perf_counter())
+        response.message = f'world capsule {name!r} loaded (restore it to use it)'
+        return response
+
+    def list_callback(self, request, response):
+        with self.lock:
+            for name, steps, nbytes in self.capsules.list():
+                info = CapsuleInfo(name=name, tier='host', step=int(steps), nbytes=int(nbytes))
+                response.capsules.append(info)
+                response.host_bytes_used += int(nbytes)
+        return response
+
+    def delete_callback(self, request, response):
+        with self.lock:
+            try:
+                self.capsules.delete(request.name)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+        response.success, response.message = True, f'world capsule {request.name!r} deleted'
+        return response
+
     def _fill_response(self, response, name, steps, nbytes, t0):
         response.success = True
-        response.latency_us = (time.perf_counter() - t0) * 1e6
+        if hasattr(response, 'latency_us'):
+            response.latency_us = (time.perf_counter() - t0) * 1e6
         response.capsule.name = name
         response.capsule.tier = 'host'
         response.capsule.step = int(steps)
         response.capsule.nbytes = int(nbytes)
         response.capsule.stamp = self.get_clock().now().to_msg()
+
+
+class _Yield:
+    """Awaitable: hands the executor one turn (woken at once), so that a cancel request or a
+    query runs between two steps of a long SimulateSteps goal."""
+
+    def __init__(self, executor):
+        self.executor = executor
+
+    def __await__(self):
+        if self.executor is not None:
+            self.executor.wake()
+        yield
 
 
 def make_sim_node(node_name='flashrt_sim', **kwargs):

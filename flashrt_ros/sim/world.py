@@ -4,9 +4,14 @@
 `MujocoSnapshots`: world snapshots kept by name that hold the complete physics state
 (mj_getState with mjSTATE_INTEGRATION: time, qpos, qvel, act, warmstart, ctrl, applied forces,
 mocap, ...) plus the world's own counters and observation-noise generator. After
-`restore(name)` the same actions give the same states, bit for bit. The MuJoCo worlds built on
-it: `MujocoWorld` (cartpole.py) and `RobotWorld` (robot_world.py).
+`restore(name)` the same actions give the same states, bit for bit. It also answers what the
+simulation_interfaces services ask of a world (simulation_services.py): entities (the model's
+named bodies), their ground-truth states, setting a free body's pose and twist, and resets of
+state or time alone. The MuJoCo worlds built on it: `MujocoWorld` (cartpole.py) and
+`RobotWorld` (robot_world.py).
 """
+import json
+
 import numpy as np
 
 try:
@@ -109,3 +114,164 @@ class MujocoSnapshots(World):
 
     def delete(self, name):
         self.snapshots.pop(name, None)
+
+    # -- what simulation_interfaces asks of a world ----------------------------------------
+
+    @property
+    def sim_time(self):
+        return float(self.data.time)
+
+    def entities(self):
+        """The model's named bodies, in model order (body 0, the world, is not an entity)."""
+        names = (mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_BODY, b)
+                 for b in range(1, self.model.nbody))
+        return [n for n in names if n]
+
+    def _body(self, name):
+        body = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, name) if name else -1
+        if body <= 0:
+            raise KeyError(f'no entity named {name!r} (entities: {", ".join(self.entities())})')
+        return body
+
+    def _free_joint(self, body):
+        """The body's free joint id, or None."""
+        m = self.model
+        first, count = m.body_jntadr[body], m.body_jntnum[body]
+        if count == 1 and m.jnt_type[first] == int(mujoco.mjtJoint.mjJNT_FREE):
+            return int(first)
+        return None
+
+    def entity_state(self, name):
+        """Ground truth of a body in the world frame: (position [3], quaternion wxyz [4],
+        linear velocity of the body frame's origin [3], angular velocity [3], linear and angular
+        acceleration [3] each). A free body's position, quaternion and linear velocity are its
+        joint's own qpos/qvel values (so setting back what was read changes nothing)."""
+        m, d = self.model, self.data
+        body = self._body(name)
+        free = self._free_joint(body)
+        rot = d.xmat[body].reshape(3, 3)
+        if free is not None:
+            q, v = m.jnt_qposadr[free], m.jnt_dofadr[free]
+            pos, quat = d.qpos[q:q + 3].copy(), d.qpos[q + 3:q + 7].copy()
+            lin, ang = d.qvel[v:v + 3].copy(), rot @ d.qvel[v + 3:v + 6]
+        else:
+            pos, quat = d.xpos[body].copy(), d.xquat[body].copy()
+            vel = np.empty(6)
+            mujoco.mj_objectVelocity(m, d, mujoco.mjtObj.mjOBJ_BODY, body, vel, 0)
+            ang, lin = vel[:3], vel[3:]
+        # accelerations need cacc, a derived quantity: computing it leaves the integration state
+        # (and so the trajectory) as it was
+        mujoco.mj_rnePostConstraint(m, d)
+        acc = np.empty(6)
+        mujoco.mj_objectAcceleration(m, d, mujoco.mjtObj.mjOBJ_BODY, body, acc, 0)
+        # cacc carries gravity as an upward acceleration (MuJoCo's convention): remove it
+        return pos, quat, lin, ang, acc[3:] + m.opt.gravity, acc[:3].copy()
+
+    def set_entity_state(self, name, pos=None, quat=None, lin=None, ang=None):
+        """Sets a free body's pose and/or twist (world frame; None: keep). A value equal to what
+        entity_state() reports now is left exactly as it is. Raises KeyError (no such body),
+        TypeError (the body is not free), ValueError (not finite, or a quaternion that is not
+        unit within 1e-3: the message says which)."""
+        m, d = self.model, self.data
+        body = self._body(name)
+        free = self._free_joint(body)
+        if free is None:
+            kinds = {int(mujoco.mjtJoint.mjJNT_SLIDE): 'slide', int(mujoco.mjtJoint.mjJNT_HINGE):
+                     'hinge', int(mujoco.mjtJoint.mjJNT_BALL): 'ball'}
+            joints = [kinds.get(int(m.jnt_type[j]), '?') for j in
+                      range(m.body_jntadr[body], m.body_jntadr[body] + m.body_jntnum[body])]
+            how = f'{" and ".join(joints)} joint(s)' if joints else 'no joint (welded)'
+            raise TypeError(f'entity {name!r} is attached by {how}: only free bodies '
+                            '(floating bases, loose objects) can be set')
+        now = self.entity_state(name)
+        q, v = m.jnt_qposadr[free], m.jnt_dofadr[free]
+        values = {'position': pos, 'orientation': quat, 'linear velocity': lin,
+                  'angular velocity': ang}
+        for what, value in values.items():
+            if value is not None and not np.all(np.isfinite(value)):
+                raise ValueError(f'{what} of {name!r} holds NaN or Inf: {list(value)}')
+        if quat is not None:
+            norm = float(np.linalg.norm(quat))
+            if abs(norm - 1.0) > 1e-3:
+                raise ValueError(f'orientation of {name!r} is not a unit quaternion '
+                                 f'(norm {norm:.6g})')
+        changed = False
+        if pos is not None and not np.array_equal(pos, now[0]):
+            d.qpos[q:q + 3] = pos
+            changed = True
+        if quat is not None and not np.array_equal(quat, now[1]):
+            d.qpos[q + 3:q + 7] = np.asarray(quat, dtype=np.float64) / norm
+            changed = True
+        if lin is not None and not np.array_equal(lin, now[2]):
+            d.qvel[v:v + 3] = lin
+            changed = True
+        if ang is not None and not np.array_equal(ang, now[3]):
+            # the free joint's angular velocity is in the body frame; the request is in the
+            # world frame (the new orientation's, if one was set)
+            rot = np.empty(9)
+            mujoco.mju_quat2Mat(rot, d.qpos[q + 3:q + 7])
+            d.qvel[v + 3:v + 6] = rot.reshape(3, 3).T @ np.asarray(ang, dtype=np.float64)
+            changed = True
+        if changed:
+            mujoco.mj_forward(m, d)
+        return changed
+
+    def reset_scoped(self, seed=0, state=True, time=True):
+        """ResetSimulation's scopes: state and time (the seeded start), the state alone (time
+        and step counter kept) or the time alone (state kept; the time and step counter the
+        start state has)."""
+        if state:
+            kept = float(self.data.time), self.steps
+            obs = self.reset(seed)
+            if not time:
+                self.data.time, self.steps = kept
+            return obs
+        if time:
+            self.data.time, self.steps = self.start_time
+        return self.observation()
+
+    # -- world capsule files ---------------------------------------------------------------
+
+    def state_digest(self):
+        """What a world capsule file must match to be loaded here: the model (sizes, timestep,
+        the state layout) and the world's class."""
+        m = self.model
+        fields = [type(self).__name__, self.state_size, m.nq, m.nv, m.nu, m.na, m.nbody,
+                  float(m.opt.timestep), int(self.spec)]
+        return json.dumps(fields)
+
+    def snapshot_bytes(self, name):
+        """A kept snapshot as bytes for a file: a JSON header (step counter, noise, generator
+        state, the subclass's extra state) then the float64 physics state."""
+        state, steps, noise_std, rng_state, extra = self.snapshots[name]
+        head = json.dumps({'steps': steps, 'noise_std': noise_std, 'rng': rng_state,
+                           'extra': _to_json(extra)}).encode()
+        return len(head).to_bytes(8, 'little') + head + state.tobytes()
+
+    def load_snapshot_bytes(self, name, blob):
+        """The inverse of snapshot_bytes: keeps the snapshot under `name` (overwrites)."""
+        n = int.from_bytes(blob[:8], 'little')
+        head = json.loads(blob[8:8 + n].decode())
+        state = np.frombuffer(blob[8 + n:], dtype=np.float64).copy()
+        if state.size != self.state_size:
+            raise ValueError(f'world capsule holds {state.size} state values, this world '
+                             f'has {self.state_size}')
+        self.snapshots[name] = (state, head['steps'], head['noise_std'], head['rng'],
+                                _from_json(head['extra']))
+
+
+def _to_json(value):
+    """numpy arrays (float64) in tuples, as JSON; float64 values survive exactly (repr)."""
+    if isinstance(value, np.ndarray):
+        return {'array': value.tolist(), 'dtype': str(value.dtype)}
+    if isinstance(value, (tuple, list)):
+        return {'tuple': [_to_json(v) for v in value]}
+    return value
+
+
+def _from_json(value):
+    if isinstance(value, dict) and 'array' in value:
+        return np.array(value['array'], dtype=value['dtype'])
+    if isinstance(value, dict) and 'tuple' in value:
+        return tuple(_from_json(v) for v in value['tuple'])
+    return value
