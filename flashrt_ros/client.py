@@ -212,3 +212,13 @@ class PolicyClient:
     def actions_received(self):
         with self._action_event:
             return len(self._actions)
+
+    def wait_actions(self, count):
+        """The actions received so far, once there are at least `count` (TimeoutError after
+        the client's timeout)."""
+        with self._action_event:
+            if not self._action_event.wait_for(lambda: len(self._actions) >= count,
+                                               self.timeout):
+                raise TimeoutError(f'{count} actions expected on {self.policy}/action, '
+                                   f'{len(self._actions)} came')
+            return list(self._actions)

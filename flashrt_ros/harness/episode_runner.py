@@ -7,9 +7,11 @@ then replays every branch and checks that actions and world trajectories repeat 
 that an episode reset reproduces the first episode. Exits 0 only if those checks held.
 
 Worlds (`World` in flashrt_ros/sim/world.py): `mujoco` (the in-process MuJoCo cart-pole),
-`gazebo` (`GazeboWorld`: ROS 2 simulation_interfaces services, ros_gz ControlWorld as a
-fallback), both stepped through the node's flat ~/observation and ~/action (run the node with
-obs_dim = the world's observation size and act_dim = 1); or `mjcf`, an in-process
+stepped through the node's flat ~/observation and ~/action (run the node with obs_dim = the
+world's observation size and act_dim = 1); `simulator`, any simulator serving the ROS standard
+simulation_interfaces at `simulator` (flashrt_sim with lockstep 'steps', Gazebo, Isaac Sim:
+`SimulatorWorld` in simulator_world.py), which talks to the policy node directly while the
+runner pauses, steps, snapshots and pushes it; or `mjcf`, an in-process
 floating-base robot (`RobotWorld`, parameters as the flashrt_sim node's mjcf world:
 mjcf_path, kps, kds, ...) stepped through the node's robot topics (`RobotLink` in links.py:
 JointState + Imu in, joint position targets out; the node runs with observation_type 'terms').
@@ -29,11 +31,11 @@ import time
 
 import rclpy
 
-from flashrt_ros.client import PolicyClient, spin_in_thread
+from flashrt_ros.client import PolicyClient, spin_in_thread, wait_matched
 from flashrt_ros.harness.fleet import Fleet, parse_addresses
 from flashrt_ros.harness.links import observation_link, RobotLink
+from flashrt_ros.harness.simulator_world import SimulatorWorld
 from flashrt_ros.sim.cartpole import MujocoWorld
-from flashrt_ros.sim.gazebo_world import GazeboWorld
 from flashrt_ros.sim.robot_world import RobotWorld
 from flashrt_ros.sim.sim_node import robot_world_from_parameters
 
@@ -79,6 +81,8 @@ class EpisodeRunner:
 
     def rollout(self, obs, steps):
         """steps control steps from obs: (actions, world states, rewards, last obs)."""
+        if getattr(self.world, 'remote', False):    # the simulator and the policy talk
+            return self.world.rollout(steps)        # directly: paused lock-step
         actions, states, rewards = [], [], []
         for _ in range(steps):
             action, command = self.act(obs)
@@ -205,8 +209,9 @@ class EpisodeRunner:
                                         for i, r in enumerate(results)]
         for label, push, run in rows:
             last = run[3]
-            self.log(f'  {label:<12}{push:>10.2f}{head + sum(run[2]):12.3f}'
-                     f'{last[0]:14.3f}{last[1]:14.3f}')
+            # a simulator behind simulation_interfaces reports no reward: no return column
+            ret = f'{head + sum(run[2]):12.3f}' if run[2] else f'{"n/a":>12}'
+            self.log(f'  {label:<12}{push:>10.2f}{ret}{last[0]:14.3f}{last[1]:14.3f}')
         warm = self.reset_us[1:] or self.reset_us     # the first call also pays discovery
         world = [w for w, _ in warm]
         policy = [p for _, p in warm]
@@ -227,7 +232,7 @@ PARAMETERS = {
     'policy': '/flashrt_policy',
     'session': '',              # the policy node's session for the main run ('' = the only)
     'parallel': '',             # 'node:session,...' to run the branches on at once too
-    'world': 'mujoco',          # mujoco | gazebo | mjcf (+ the mjcf world's parameters)
+    'world': 'mujoco',          # mujoco | simulator | mjcf (+ the mjcf world's parameters)
     'steps': 200,
     'branch_at': 50,
     'branches': 4,
@@ -237,8 +242,8 @@ PARAMETERS = {
     'resets': 10,
     'action_scale': 1.0,
     'frame_skip': 2,
-    'gazebo_prefix': '/gzserver',
-    'gazebo_world': 'default',
+    'simulator': '/flashrt_sim',    # world 'simulator': where simulation_interfaces is served
+    'push_entity': '',          # world 'simulator': the body a push acts on (G1: pelvis)
     'timeout': 30.0,
 }
 
@@ -246,24 +251,31 @@ PARAMETERS = {
 def make_world(kind, node, params):
     if kind == 'mujoco':
         return MujocoWorld(frame_skip=params['frame_skip'], action_scale=params['action_scale'])
-    if kind == 'gazebo':
-        return GazeboWorld(node, prefix=params['gazebo_prefix'], world=params['gazebo_world'],
-                           action_scale=10.0 * params['action_scale'])
     if kind == 'mjcf':
         return robot_world_from_parameters(node)
-    raise ValueError(f"parameter 'world' = {kind!r}: must be 'mujoco', 'gazebo' or 'mjcf'")
+    if kind == 'simulator':
+        return None     # made by connect(): it records the policy client's actions
+    raise ValueError(f"parameter 'world' = {kind!r}: must be 'mujoco', 'simulator' or 'mjcf'")
 
 
-def connect(world, node, params):
-    """(PolicyClient, link) to the policy node, once its services and topics are connected."""
+def connect(world, node, params, log=print):
+    """(PolicyClient, link, world) to the policy node, once its services and topics are
+    connected; a 'simulator' world is made here."""
     session = params['session']
     client = PolicyClient(node, params['policy'], timeout=params['timeout'], session=session)
+    if world is None:
+        client.wait_services(time.monotonic() + 60.0)
+        wait_matched([], [client._action_sub], time.monotonic() + 60.0,
+                     f'{params["policy"]}/action has no publisher: is the policy node active?')
+        world = SimulatorWorld(node, client, params['simulator'], params['push_entity'],
+                               params['timeout'], log)
+        return client, None, world
     if not isinstance(world, RobotWorld):
         client.wait_ready(timeout=60.0)
-        return client, None
+        return client, None, world
     link = RobotLink(node, params['policy'], session, timeout=params['timeout'])
     link.wait_ready(client, timeout=60.0)
-    return client, link
+    return client, link, world
 
 
 def declare_parameters(node):
@@ -277,11 +289,14 @@ def run_episodes(node, params, log=print):
     """Builds the world, connects to the policy node and runs (node: spun elsewhere, with
     declare_parameters' values in params). Returns (EpisodeRunner, all checks held)."""
     world = make_world(params['world'], node, params)
-    client, link = connect(world, node, params)
+    client, link, world = connect(world, node, params, log)
     log(f'flashrt_ros episode runner: {params["world"]} world (obs_dim {world.obs_dim}, '
         f'act_dim {world.act_dim}), policy {params["policy"]}')
     runner = EpisodeRunner(world, client, seed=params['seed'], log=log, link=link)
     fleet = None
+    if params['parallel'] and params['world'] == 'simulator':
+        raise ValueError("parallel branches need in-process worlds (one per branch): not with "
+                         "world 'simulator'")
     if params['parallel']:
         fleet = Fleet(node, parse_addresses(params['parallel'], params['policy']),
                       params['policy'], partial(make_world, params['world'], node, params),

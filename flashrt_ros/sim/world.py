@@ -141,6 +141,20 @@ class MujocoSnapshots(World):
             return int(first)
         return None
 
+    def _slide_joints(self, body):
+        """The joint ids of a body that hangs from the world on slide joints only (a cart on
+        its rail), or None."""
+        m = self.model
+        joints = list(range(m.body_jntadr[body], m.body_jntadr[body] + m.body_jntnum[body]))
+        if joints and m.body_parentid[body] == 0 and all(
+                m.jnt_type[j] == int(mujoco.mjtJoint.mjJNT_SLIDE) for j in joints):
+            return joints
+        return None
+
+    def _slide_velocity(self, joints):
+        d = self.data
+        return sum(d.xaxis[j] * d.qvel[self.model.jnt_dofadr[j]] for j in joints)
+
     def entity_state(self, name):
         """Ground truth of a body in the world frame: (position [3], quaternion wxyz [4],
         linear velocity of the body frame's origin [3], angular velocity [3], linear and angular
@@ -154,6 +168,11 @@ class MujocoSnapshots(World):
             q, v = m.jnt_qposadr[free], m.jnt_dofadr[free]
             pos, quat = d.qpos[q:q + 3].copy(), d.qpos[q + 3:q + 7].copy()
             lin, ang = d.qvel[v:v + 3].copy(), rot @ d.qvel[v + 3:v + 6]
+        elif self._slide_joints(body):
+            # a slide body's velocity straight from its joints: setting back what was read
+            # (or that plus a push) leaves the other digits as they were
+            pos, quat = d.xpos[body].copy(), d.xquat[body].copy()
+            lin, ang = self._slide_velocity(self._slide_joints(body)), np.zeros(3)
         else:
             pos, quat = d.xpos[body].copy(), d.xquat[body].copy()
             vel = np.empty(6)
@@ -175,6 +194,9 @@ class MujocoSnapshots(World):
         m, d = self.model, self.data
         body = self._body(name)
         free = self._free_joint(body)
+        slides = self._slide_joints(body)
+        if free is None and slides:
+            return self._set_slide_state(name, slides, pos, quat, lin, ang)
         if free is None:
             kinds = {int(mujoco.mjtJoint.mjJNT_SLIDE): 'slide', int(mujoco.mjtJoint.mjJNT_HINGE):
                      'hinge', int(mujoco.mjtJoint.mjJNT_BALL): 'ball'}
@@ -182,7 +204,8 @@ class MujocoSnapshots(World):
                       range(m.body_jntadr[body], m.body_jntadr[body] + m.body_jntnum[body])]
             how = f'{" and ".join(joints)} joint(s)' if joints else 'no joint (welded)'
             raise TypeError(f'entity {name!r} is attached by {how}: only free bodies '
-                            '(floating bases, loose objects) can be set')
+                            '(floating bases, loose objects) and bodies on slide joints from '
+                            'the world can be set')
         now = self.entity_state(name)
         q, v = m.jnt_qposadr[free], m.jnt_dofadr[free]
         values = {'position': pos, 'orientation': quat, 'linear velocity': lin,
@@ -211,6 +234,40 @@ class MujocoSnapshots(World):
             rot = np.empty(9)
             mujoco.mju_quat2Mat(rot, d.qpos[q + 3:q + 7])
             d.qvel[v + 3:v + 6] = rot.reshape(3, 3).T @ np.asarray(ang, dtype=np.float64)
+            changed = True
+        if changed:
+            mujoco.mj_forward(m, d)
+        return changed
+
+    def _set_slide_state(self, name, joints, pos, quat, lin, ang):
+        """set_entity_state of a body on slide joints: it can only move along their axes."""
+        m, d = self.model, self.data
+        now = self.entity_state(name)
+        for what, value in (('position', pos), ('orientation', quat),
+                            ('linear velocity', lin), ('angular velocity', ang)):
+            if value is not None and not np.all(np.isfinite(value)):
+                raise ValueError(f'{what} of {name!r} holds NaN or Inf: {list(value)}')
+        if quat is not None and not np.allclose(quat, now[1], rtol=0, atol=1e-9):
+            raise TypeError(f'entity {name!r} slides without turning: its orientation stays '
+                            f'{list(now[1])}')
+        if ang is not None and np.any(np.abs(ang) > 1e-9):
+            raise TypeError(f'entity {name!r} slides without turning: angular velocity '
+                            'must be zero')
+        axes = np.array([d.xaxis[j] for j in joints])
+        changed = False
+        if pos is not None and not np.array_equal(pos, now[0]):
+            offset = axes @ (np.asarray(pos, dtype=np.float64) - now[0])
+            if np.abs(now[0] + axes.T @ offset - pos).max() > 1e-9:
+                raise TypeError(f'entity {name!r} moves only along {axes.tolist()}')
+            for j, delta in zip(joints, offset):
+                d.qpos[m.jnt_qposadr[j]] += delta
+            changed = True
+        if lin is not None and not np.array_equal(lin, now[2]):
+            speeds = axes @ np.asarray(lin, dtype=np.float64)
+            if np.abs(axes.T @ speeds - lin).max() > 1e-9:
+                raise TypeError(f'entity {name!r} moves only along {axes.tolist()}')
+            for j, speed in zip(joints, speeds):
+                d.qvel[m.jnt_dofadr[j]] = speed
             changed = True
         if changed:
             mujoco.mj_forward(m, d)

@@ -269,12 +269,15 @@ def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
             f'step {k}: max abs diff {np.abs(action - want).max()}'
 
 
-def _run_g1_episodes(tmp_path, policy_args, runner_args):
-    """The episode runner (config/g1.yaml + runner_args: its world in this process) against
-    a policy node in its own process (+ policy_args); asserts every check held and returns
-    (runner, its parameters, its log lines)."""
+def _run_g1_episodes(tmp_path, policy_args, runner_args, sim_args=None):
+    """The episode runner (config/g1.yaml + runner_args: its world in this process, or a
+    flashrt_sim node in its own process with sim_args) against a policy node in its own
+    process (+ policy_args); asserts every check held and returns (runner, its parameters,
+    its log lines)."""
     log = open(tmp_path / 'policy.log', 'w')
     policy = _start('policy_node', _policy_args(tmp_path, *policy_args), log)
+    sim = None if sim_args is None else _start('sim_node', [
+        '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-r', '__node:=flashrt_sim', *sim_args], log)
     rclpy.init(args=['--ros-args', '--params-file', str(G1_YAML),
                      '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'timeout:=60.0',
                      *runner_args])
@@ -285,7 +288,7 @@ def _run_g1_episodes(tmp_path, policy_args, runner_args):
     try:
         runner, ok = run_episodes(node, params, log=lines.append)
     finally:
-        _stop(policy)
+        _stop(policy, *([sim] if sim else []))
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
@@ -307,6 +310,29 @@ def test_g1_episode_runner_what_ifs_from_10_s(tmp_path):
     assert all(f[2] > 0.5 for f in finals), [f[2] for f in finals]     # still walking
     assert finals[0][1] < finals[1][1] < finals[2][1], [f[1] for f in finals]  # pushed aside
     assert len(runner.reset_us) == params['resets']
+
+
+def test_g1_runner_through_simulation_interfaces_equals_the_in_process_world(tmp_path):
+    """The episode runner drives a flashrt_sim G1 in its own process through the ROS standard
+    simulation_interfaces only (pause, reset, the SimulateSteps action, GetEntityState /
+    SetEntityState for the push) plus world capsules, in paused lock-step with a policy node in
+    a third process: every branch's actions equal the in-process world's run bit for bit, and
+    its own replays and episode reset hold."""
+    pytest.importorskip('simulation_interfaces', reason='simulation_interfaces is not built: '
+                        'it comes from ../shared/ros-src (tools/bootstrap.sh builds it there)')
+    common = ['-p', 'steps:=160', '-p', 'branch_at:=100', '-p', 'resets:=2']
+    local, _, _ = _run_g1_episodes(tmp_path, [], common)
+    remote, _, lines = _run_g1_episodes(
+        tmp_path, ['-r', 'joint_states:=/flashrt_sim/joint_states',
+                   '-r', 'imu:=/flashrt_sim/imu',
+                   '-r', '~/joint_commands:=/flashrt_sim/joint_commands'],
+        common + ['-p', 'world:=simulator', '-p', 'push_entity:=pelvis'],
+        sim_args=['-p', 'lockstep:=steps'])
+    assert 'simulator at /flashrt_sim: world capsules (exact branches)' in lines
+    assert len(remote.checks) == len(local.checks) == 5
+    for k, (here, there) in enumerate(zip(local.results, remote.results)):
+        assert len(there[0]) == 60 and there[0] == here[0], f'branch {k}: actions differ'
+        assert np.allclose(there[3], here[3][:2], atol=0, rtol=0), f'branch {k}: final x, y'
 
 
 @pytest.mark.slow
