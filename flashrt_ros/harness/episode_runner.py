@@ -244,6 +244,7 @@ PARAMETERS = {
     'frame_skip': 2,
     'simulator': '/flashrt_sim',    # world 'simulator': where simulation_interfaces is served
     'push_entity': '',          # world 'simulator': the body a push acts on (G1: pelvis)
+    'push_direction': 'y',      # world 'simulator': x | y | z (the cart-pole's rail is x)
     'timeout': 30.0,
 }
 
@@ -268,7 +269,7 @@ def connect(world, node, params, log=print):
         wait_matched([], [client._action_sub], time.monotonic() + 60.0,
                      f'{params["policy"]}/action has no publisher: is the policy node active?')
         world = SimulatorWorld(node, client, params['simulator'], params['push_entity'],
-                               params['timeout'], log)
+                               params['timeout'], log, params['push_direction'])
         return client, None, world
     if not isinstance(world, RobotWorld):
         client.wait_ready(timeout=60.0)

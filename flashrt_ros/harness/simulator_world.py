@@ -35,7 +35,7 @@ class SimulatorWorld:
     remote = True       # the simulator and the policy talk directly; the runner orchestrates
 
     def __init__(self, node, client, prefix='/flashrt_sim', push_entity='', timeout=30.0,
-                 log=print):
+                 log=print, push_direction='y'):
         if si_srv is None:
             raise RuntimeError(
                 "world 'simulator' needs the simulation_interfaces package: install "
@@ -66,6 +66,9 @@ class SimulatorWorld:
                                f'needs: {", ".join(missing)}')
         self.exact = self._has_service('snapshot') and self._has_service('restore')
         self.push_entity = push_entity
+        if push_direction not in ('x', 'y', 'z'):
+            raise ValueError(f"push_direction must be 'x', 'y' or 'z', got {push_direction!r}")
+        self.push_direction = push_direction
         self._steps = ActionClient(node, si_action.SimulateSteps, f'{self.prefix}/simulate_steps')
         if not self._steps.wait_for_server(timeout_sec=timeout):
             raise TimeoutError(f'action {self.prefix}/simulate_steps did not appear')
@@ -177,12 +180,13 @@ class SimulatorWorld:
             if not self.push_entity:
                 raise ValueError('a push needs push_entity (the body to push, e.g. pelvis)')
             state = self._call('get_entity_state', entity=self.push_entity).state
-            # a number pushes along y (sideways for a robot; the cart-pole's rail is x: give
-            # three numbers as for RobotWorld.perturb)
+            # a number pushes along push_direction (y: sideways for a robot; x: along the
+            # cart-pole's rail); three numbers are (x, y, z), as for RobotWorld.perturb
             p = np.asarray(push, dtype=np.float64).reshape(-1)
             lin = state.twist.linear
             if p.size == 1:
-                lin.y = lin.y + float(p[0])
+                axis = self.push_direction
+                setattr(lin, axis, getattr(lin, axis) + float(p[0]))
             else:
                 lin.x, lin.y, lin.z = lin.x + p[0], lin.y + p[1], lin.z + p[2]
             self._call('set_entity_state', entity=self.push_entity, state=state,

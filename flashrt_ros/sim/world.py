@@ -163,6 +163,10 @@ class MujocoSnapshots(World):
         m, d = self.model, self.data
         body = self._body(name)
         free = self._free_joint(body)
+        # positions, frames and velocities of the state as it is: mj_step leaves those of the
+        # state before its last integration in data. Derived quantities only: the integration
+        # state, and so the trajectory, stay as they were.
+        mujoco.mj_forward(m, d)
         rot = d.xmat[body].reshape(3, 3)
         if free is not None:
             q, v = m.jnt_qposadr[free], m.jnt_dofadr[free]
@@ -178,9 +182,7 @@ class MujocoSnapshots(World):
             vel = np.empty(6)
             mujoco.mj_objectVelocity(m, d, mujoco.mjtObj.mjOBJ_BODY, body, vel, 0)
             ang, lin = vel[:3], vel[3:]
-        # accelerations need cacc, a derived quantity: computing it leaves the integration state
-        # (and so the trajectory) as it was
-        mujoco.mj_rnePostConstraint(m, d)
+        mujoco.mj_rnePostConstraint(m, d)     # cacc, for the accelerations
         acc = np.empty(6)
         mujoco.mj_objectAcceleration(m, d, mujoco.mjtObj.mjOBJ_BODY, body, acc, 0)
         # cacc carries gravity as an upward acceleration (MuJoCo's convention): remove it
