@@ -296,8 +296,8 @@ def run_episodes(node, params, log=print):
     runner = EpisodeRunner(world, client, seed=params['seed'], log=log, link=link)
     fleet = None
     if params['parallel'] and params['world'] == 'simulator':
-        raise ValueError("parallel branches need in-process worlds (one per branch): not with "
-                         "world 'simulator'")
+        raise ValueError('parallel branches need in-process worlds (one per branch): not '
+                         'with the simulator world')
     if params['parallel']:
         fleet = Fleet(node, parse_addresses(params['parallel'], params['policy']),
                       params['policy'], partial(make_world, params['world'], node, params),

@@ -180,11 +180,12 @@ class MujocoSnapshots(World):
         else:
             pos, quat = d.xpos[body].copy(), d.xquat[body].copy()
             vel = np.empty(6)
-            mujoco.mj_objectVelocity(m, d, mujoco.mjtObj.mjOBJ_BODY, body, vel, 0)
+            # XBODY: at the body's frame origin (BODY would be its centre of mass)
+            mujoco.mj_objectVelocity(m, d, mujoco.mjtObj.mjOBJ_XBODY, body, vel, 0)
             ang, lin = vel[:3], vel[3:]
         mujoco.mj_rnePostConstraint(m, d)     # cacc, for the accelerations
         acc = np.empty(6)
-        mujoco.mj_objectAcceleration(m, d, mujoco.mjtObj.mjOBJ_BODY, body, acc, 0)
+        mujoco.mj_objectAcceleration(m, d, mujoco.mjtObj.mjOBJ_XBODY, body, acc, 0)
         # cacc carries gravity as an upward acceleration (MuJoCo's convention): remove it
         return pos, quat, lin, ang, acc[3:] + m.opt.gravity, acc[:3].copy()
 

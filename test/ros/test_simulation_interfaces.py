@@ -312,8 +312,7 @@ def test_every_claimed_feature_works_and_unclaimed_ones_are_refused(cartpole):
     for feature in sorted(claimed - {F.ENTITY_STATE_SETTING}):   # PLAYING before PAUSED
         assert feature in exercise, f'feature {feature} claimed but not in the contract'
         _ok(exercise[feature]())
-    # the cart-pole has no free body; the service is there all the same (its refusal here:
-    # test_set_entity_state_refused_without_a_free_joint)
+    # the cart-pole has no free body; its cart slides (test_set_entity_state_of_jointed_bodies)
     r = cartpole.set_entity('cart', cartpole.entity('cart'))
     assert r.result != Result.RESULT_FEATURE_UNSUPPORTED, r.error_message
     # not claimed: spawned entities, tags, categories, bounds
@@ -628,16 +627,30 @@ def test_unknown_entity_is_not_found(cartpole):
         _refused(cartpole.set_entity(name, valid), Result.RESULT_NOT_FOUND)
 
 
-def test_set_entity_state_refused_without_a_free_joint(cartpole):
-    """The cart and the pole hang on slide and hinge joints: SetEntityState gives
-    RESULT_OPERATION_FAILED with a message and changes nothing."""
+def test_set_entity_state_of_jointed_bodies(cartpole):
+    """The pole hangs on a hinge: RESULT_OPERATION_FAILED with a message, nothing changes. The
+    cart slides along x from the world: moves along x (pose and twist) are set and read back
+    exactly; a move off its rail or a turn is refused and changes nothing."""
     _ok(cartpole.step(2))
     before = _bits(cartpole.states())
-    for name in ('cart', 'pole'):
-        state = cartpole.entity(name)
-        state.pose.position.x += 0.1
-        _refused(cartpole.set_entity(name, state), Result.RESULT_OPERATION_FAILED)
+    state = cartpole.entity('pole')
+    state.pose.position.x += 0.1
+    _refused(cartpole.set_entity('pole', state), Result.RESULT_OPERATION_FAILED)
+    for change in ('position.y', 'angular.z'):
+        state = cartpole.entity('cart')
+        if change == 'position.y':
+            state.pose.position.y += 0.1
+        else:
+            state.twist.angular.z = 0.5
+        _refused(cartpole.set_entity('cart', state), Result.RESULT_OPERATION_FAILED)
     assert _bits(cartpole.states()) == before
+    state = cartpole.entity('cart')
+    state.pose.position.x += 0.25
+    state.twist.linear.x += 0.5
+    _ok(cartpole.set_entity('cart', state))
+    got = cartpole.entity('cart')
+    assert got.twist.linear.x == state.twist.linear.x
+    assert abs(got.pose.position.x - state.pose.position.x) < 1e-12
 
 
 def test_reading_states_does_not_change_the_trajectory(cartpole):
@@ -724,15 +737,17 @@ def test_g1_link_states_are_current(g1, g1_sim):
         assert [ang.x, ang.y, ang.z] == pytest.approx(vel[:3].tolist(), abs=1e-10), name
 
 
-def test_g1_reset_returns_to_the_launch_state_at_time_zero(g1_sim):
+def test_g1_reset_returns_to_the_launch_state_and_time(g1_sim):
     """ResetSimulation ALL after steps: every G1 entity state as at launch, bit for bit, and
-    the time back to 0."""
-    launch = _bits(g1_sim.states())
+    the time back to the launch time: one control period, the robot world's start state
+    being one period held at the default angles (its first readings, 20 ms)."""
+    launch, launch_ns = _bits(g1_sim.states()), g1_sim.time_ns()
+    assert launch_ns == PERIOD_NS
     _ok(g1_sim.step(4))
     assert _bits(g1_sim.states()) != launch
     _ok(g1_sim.reset(R.SCOPE_ALL))
     assert _bits(g1_sim.states()) == launch
-    assert g1_sim.time_ns() == 0, f'time after ResetSimulation ALL: {g1_sim.time_ns()} ns'
+    assert g1_sim.time_ns() == launch_ns, f'time after ResetSimulation: {g1_sim.time_ns()} ns'
 
 
 def test_g1_set_floating_base_state_reads_back(g1_sim):
