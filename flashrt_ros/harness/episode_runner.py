@@ -291,8 +291,9 @@ def run_episodes(node, params, log=print):
     declare_parameters' values in params). Returns (EpisodeRunner, all checks held)."""
     world = make_world(params['world'], node, params)
     client, link, world = connect(world, node, params, log)
-    log(f'flashrt_ros episode runner: {params["world"]} world (obs_dim {world.obs_dim}, '
-        f'act_dim {world.act_dim}), policy {params["policy"]}')
+    sizes = '' if getattr(world, 'remote', False) else \
+        f' (obs_dim {world.obs_dim}, act_dim {world.act_dim})'
+    log(f'flashrt_ros episode runner: {params["world"]} world{sizes}, policy {params["policy"]}')
     runner = EpisodeRunner(world, client, seed=params['seed'], log=log, link=link)
     fleet = None
     if params['parallel'] and params['world'] == 'simulator':

@@ -76,8 +76,7 @@ class SimulatorWorld:
         log(f'simulator at {self.prefix}: ' + (
             'world capsules (exact branches)' if self.exact else
             'no world capsules: branches restore entity poses and twists only (approximate)'))
-        self.obs_dim = self.act_dim = 0
-        self.columns = ('final x', 'final y')
+        self.columns = (f'{push_entity} x', f'{push_entity} y') if push_entity else ('x', 'y')
 
     # -- calls ----------------------------------------------------------------------------
 

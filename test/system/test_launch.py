@@ -8,7 +8,8 @@ LAUNCH = sorted((pathlib.Path(__file__).resolve().parents[2] / 'launch').glob('*
 
 
 def test_launch_files_exist_and_compile():
-    assert [p.name for p in LAUNCH] == ['demo.launch.py', 'g1_walk.launch.py', 'policy.launch.py']
+    assert [p.name for p in LAUNCH] == ['demo.launch.py', 'g1_simulator.launch.py',
+                                        'g1_walk.launch.py', 'policy.launch.py']
     for path in LAUNCH:
         compile(path.read_text(), str(path), 'exec')   # no __pycache__ in launch/
 

@@ -1,0 +1,161 @@
+"""The G1 through the ROS standard simulator API, with the installed executables: the
+g1_simulator.launch.py under the real `ros2 launch`, and a policy node killed with SIGKILL
+between two SimulateSteps goals that resumes from its checkpoint file, the walk going on
+exactly as without the kill. Needs ../shared (the G1 assets, simulation_interfaces, ros2).
+"""
+import os
+import pathlib
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from support.ros_tools import installed_executable, NEEDS_ROS2, ROS2
+
+rclpy = pytest.importorskip('rclpy', reason='needs rclpy (ROS 2 Jazzy): run tools/test.sh')
+pytest.importorskip('simulation_interfaces', reason='simulation_interfaces is not built: it '
+                    'comes from ../shared/ros-src (tools/bootstrap.sh builds it there)')
+from rclpy.action import ActionClient  # noqa: E402
+from simulation_interfaces.action import SimulateSteps  # noqa: E402
+from simulation_interfaces.msg import Result  # noqa: E402
+from simulation_interfaces.srv import ResetSimulation  # noqa: E402
+from std_msgs.msg import Float64MultiArray  # noqa: E402
+
+from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
+from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
+G1_YAML = ROOT / 'config' / 'g1.yaml'
+pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
+                                reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
+                                'absent in a fresh clone)')
+
+
+def _needs_ros2(test):
+    for mark in NEEDS_ROS2:
+        test = mark(test)
+    return test
+
+
+@_needs_ros2
+def test_g1_simulator_launch_runs_the_what_ifs_through_the_standard(tmp_path):
+    """`ros2 launch flashrt_ros g1_simulator.launch.py`: world, policy node and runner; the
+    runner drives the world through simulation_interfaces + world capsules, every check holds
+    and the launch ends with the runner."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1', ROS_AUTOMATIC_DISCOVERY_RANGE='LOCALHOST',
+               ROS_HOME=str(tmp_path))
+    log = tmp_path / 'launch.log'
+    with open(log, 'w') as out:
+        proc = subprocess.run([ROS2, 'launch', 'flashrt_ros', 'g1_simulator.launch.py',
+                               f'robot_dir:={ROBOT}'], env=env, stdin=subprocess.DEVNULL,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert 'simulator at /flashrt_sim: world capsules (exact branches)' in text, text
+    assert '5 passed, 0 failed' in text and '[FAIL]' not in text, text
+    assert 'process has finished cleanly' in text.split('episode_runner', 1)[1], text
+
+
+class _Driver:
+    """This test's node: the world's SimulateSteps action and ResetSimulation, and the
+    commands the world receives (/flashrt_sim/joint_commands)."""
+
+    def __init__(self):
+        self.node = rclpy.create_node('simulator_recovery_test')
+        self.commands, self.cond = [], threading.Condition()
+        self.node.create_subscription(Float64MultiArray, '/flashrt_sim/joint_commands',
+                                      self._on, 1000)
+        self.action = ActionClient(self.node, SimulateSteps, '/flashrt_sim/simulate_steps')
+        self.reset_client = self.node.create_client(ResetSimulation,
+                                                    '/flashrt_sim/reset_simulation')
+        self.spinner = spin_in_thread(self.node)
+
+    def _on(self, msg):
+        with self.cond:
+            self.commands.append(np.array(msg.data))
+            self.cond.notify_all()
+
+    def simulate(self, steps, timeout=240.0):
+        """SimulateSteps(steps) to its end; then every command it consumed has been seen."""
+        assert self.action.wait_for_server(timeout_sec=120.0), 'the world did not come up'
+        with self.cond:
+            seen = len(self.commands)
+        done = threading.Event()
+        holder = {}
+        self.action.send_goal_async(SimulateSteps.Goal(steps=steps)).add_done_callback(
+            lambda f: f.result().get_result_async().add_done_callback(
+                lambda r: (holder.update(result=r.result().result.result), done.set())))
+        assert done.wait(timeout), f'SimulateSteps({steps}) did not finish in {timeout} s'
+        assert holder['result'].result == Result.RESULT_OK, holder['result'].error_message
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.commands) >= seen + steps, 30.0)
+            return self.commands[seen:seen + steps]
+
+    def reset(self):
+        assert self.reset_client.wait_for_service(timeout_sec=60.0)
+        response = call_service(self.reset_client, ResetSimulation.Request(scope=255), 30.0)[0]
+        assert response.result.result == Result.RESULT_OK, response.result.error_message
+
+    def close(self):
+        self.spinner.shutdown()
+        self.node.destroy_node()
+
+
+def _start(name, args, log):
+    cmd = [installed_executable(name), '--ros-args', '--params-file', str(G1_YAML), *args]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _policy(tmp_path, capsules, log, *extra):
+    return _start('policy_node', [
+        '-p', f'policy_file:={ROBOT / "motion.pt"}', '-p', 'device:=cpu',
+        '-p', f'capsule_dir:={capsules}', '-r', 'joint_states:=/flashrt_sim/joint_states',
+        '-r', 'imu:=/flashrt_sim/imu', '-r', '~/joint_commands:=/flashrt_sim/joint_commands',
+        *extra], open(tmp_path / log, 'w'))
+
+
+@pytest.mark.slow
+def test_g1_policy_killed_between_simulate_steps_resumes_exactly(tmp_path):
+    """A world in paused lock-step (lockstep 'steps') and a policy node that checkpoints every
+    step to disk. 500 steps uninterrupted; then, from a reset, 250 steps, SIGKILL once
+    checkpoint 250 is on disk, a new node resumes from it (restore_on_start: latest) and 250
+    more steps: the world receives the same 500 commands, bit for bit."""
+    sim = _start('sim_node', ['-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'lockstep:=steps',
+                              '-p', 'command_timeout:=120.0', '-p', 'republish_period:=0.2',
+                              '-r', '__node:=flashrt_sim'], open(tmp_path / 'world.log', 'w'))
+    procs = [sim]
+    rclpy.init()
+    driver = _Driver()
+    try:
+        procs.append(_policy(tmp_path, tmp_path / 'plain', 'plain.log'))
+        plain = driver.simulate(500)
+        procs.pop().kill()
+        driver.reset()
+        capsules = tmp_path / 'capsules'
+        resume = ('-p', 'checkpoint_every:=1', '-p', 'checkpoint_to_disk:=true',
+                  '-p', 'restore_on_start:=latest')
+        procs.append(_policy(tmp_path, capsules, 'first.log', *resume))
+        first = driver.simulate(250)
+        deadline = time.monotonic() + 60
+        while not any(checkpoint_sequence(p.name) == 250
+                      for p in capsules.glob('checkpoint-*.capsule')):
+            assert time.monotonic() < deadline, 'checkpoint 250 never reached the disk'
+            time.sleep(0.05)
+        procs[-1].send_signal(signal.SIGKILL)
+        procs.pop().wait()
+        procs.append(_policy(tmp_path, capsules, 'second.log', *resume))
+        second = driver.simulate(250)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        driver.close()
+        rclpy.try_shutdown()
+    log = (tmp_path / 'second.log').read_text()
+    assert 'restore_on_start: resumed from ' in log and ' at step 250' in log, log
+    for k, (want, got) in enumerate(zip(plain, first + second)):
+        assert np.array_equal(want, got), f'command {k} differs'
