@@ -11,8 +11,8 @@ code).
 ros2 launch flashrt_ros g1_simulator.launch.py robot_dir:=/path/to/unitree_g1
 
 For another simulator (Gazebo, Isaac Sim) serving simulation_interfaces, leave out the world
-(world:=false), point `simulator` at its namespace (Gazebo: /gzserver) and remap the policy's
-joint_states, imu and ~/joint_commands to the robot's topics there; see the README,
+(world:=false), point `simulator` at its namespace (Gazebo: /gzserver) and the joint_states,
+imu and joint_commands arguments at the robot's topics there; see the README,
 "Any simulator".
 """
 import os
@@ -39,6 +39,12 @@ def generate_launch_description():
         DeclareLaunchArgument('robot_dir', description='folder with scene.xml and motion.pt'),
         DeclareLaunchArgument('simulator', default_value='/flashrt_sim',
                               description='where the world serves simulation_interfaces'),
+        DeclareLaunchArgument('joint_states', default_value='/flashrt_sim/joint_states',
+                              description='the robot sensor_msgs/JointState topic'),
+        DeclareLaunchArgument('imu', default_value='/flashrt_sim/imu',
+                              description='the robot sensor_msgs/Imu topic'),
+        DeclareLaunchArgument('joint_commands', default_value='/flashrt_sim/joint_commands',
+                              description='where the joint position targets go'),
         DeclareLaunchArgument('world', default_value='true',
                               description='start the flashrt_sim MuJoCo world (false: another '
                               'simulator serves `simulator`)'),
@@ -50,9 +56,9 @@ def generate_launch_description():
              output='screen',
              parameters=[params,
                          {'policy_file': PathJoinSubstitution([robot_dir, 'motion.pt'])}],
-             remappings=[('joint_states', '/flashrt_sim/joint_states'),
-                         ('imu', '/flashrt_sim/imu'),
-                         ('~/joint_commands', '/flashrt_sim/joint_commands')]),
+             remappings=[('joint_states', LaunchConfiguration('joint_states')),
+                         ('imu', LaunchConfiguration('imu')),
+                         ('~/joint_commands', LaunchConfiguration('joint_commands'))]),
         runner,
         # the launch ends with the runner (the world and the policy node have no end)
         RegisterEventHandler(OnProcessExit(target_action=runner, on_exit=[

@@ -7,6 +7,8 @@ links.py           how a step reaches the node: observation_link (flat ~/observa
 fleet.py           Fleet: the policy node sessions that run branches in parallel
 episode_runner.py  EpisodeRunner: episodes, snapshots and what-if branches of a world and a
                    policy node, replayed bit for bit; the `episode_runner` executable
+simulator_world.py SimulatorWorld: any simulator serving simulation_interfaces, driven in
+                   paused lock-step (flashrt_sim, Gazebo, Isaac Sim)
 demo_driver.py     the `demo_driver` executable: drives a policy node as a robot and a task
                    planner would
 

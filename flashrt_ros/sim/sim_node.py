@@ -3,18 +3,28 @@
 `SimNode` (node `flashrt_sim`) serves the cart-pole (`MujocoWorld`, cartpole.py: plain Python,
 deterministic, with world snapshots that restore bit for bit) over ROS 2:
   ~/reset      std_srvs/Trigger           back to the seeded start state
-  ~/step       std_srvs/Trigger           advance `steps_per_call` control steps, holding the
-                                          last control
-  ~/snapshot   flashrt_ros/srv/Snapshot   world state by name (capsule.nbytes = state bytes)
-  ~/restore    flashrt_ros/srv/Restore    world state by name
-  ~/action     std_msgs/Float32MultiArray in: one message = one control step (lock-step)
-  ~/observation std_msgs/Float32MultiArray out after every reset/step/restore: qpos, qvel
+  ~/step       std_srvs/Trigger           advance `steps_per_call` control steps (paused only)
+  ~/snapshot, ~/restore, ~/save_capsule, ~/load_capsule, ~/list_capsules, ~/delete_capsule
+               world capsules (world_capsules.py), this package's capsule service types
+  ~/action     std_msgs/Float32MultiArray in: the control (see `lockstep`)
+  ~/observation std_msgs/Float32MultiArray out: qpos, qvel
   ~/reward     std_msgs/Float64           out with every observation
-  /clock       rosgraph_msgs/Clock        out with every observation: the simulation time
-                                          (back in time after a reset or restore), so nodes
-                                          with use_sim_time follow the world
-The official `simulation_interfaces` package is not installable here (not on PyPI), hence the
-std_srvs/Trigger + topics + this package's Snapshot/Restore types.
+  /clock       rosgraph_msgs/Clock        the simulation time (back in time after a reset or
+                                          restore), so nodes with use_sim_time follow the world
+and the ROS standard simulator API, simulation_interfaces (simulation_services.py), where that
+package is built: simulation state (starts PAUSED), steps, the SimulateSteps action, resets,
+entities.
+
+Parameter `lockstep`: how commands and steps meet.
+  'command' (default)  while paused, each command message steps one control period, then the
+                       readings go out (a controller drives the clock)
+  'steps'              each step (step_simulation, simulate_steps, ~/step) first sends the
+                       readings of the current state, waits `command_timeout` s for the command
+                       that answers them, and steps with it: paused lock-step, world and policy
+                       advance exactly together (the episode runner's world 'simulator')
+  'off'                commands are held for the next step
+While PLAYING (real time x `real_time_factor`) every mode steps on the timer, holding the last
+command, and publishes after each step.
 
 Parameter `world`: 'cartpole' (default, the above) or 'mjcf': a floating-base robot from an
 MJCF file under joint PD control (`RobotWorld`, robot_world.py), parameters
@@ -23,15 +33,14 @@ MJCF file under joint PD control (`RobotWorld`, robot_world.py), parameters
 actuator order), `clip_targets` (true: targets clipped to the joint ranges). The services and
 ~/action, ~/observation ([qpos, qvel]), ~/reward (base x velocity) work as above (one ~/action
 or ~/step = one control period), and the robot topics are added:
-  ~/joint_commands std_msgs/Float64MultiArray in: position targets in joint order; one message
-                   = one control period (`decimation` physics steps), then the topics below
+  ~/joint_commands std_msgs/Float64MultiArray in: position targets in joint order, as ~/action
   ~/joint_states   sensor_msgs/JointState out: name, position, velocity, effort (the joint
                    actuator force of the last physics step)
   ~/imu            sensor_msgs/Imu out: base orientation (world frame), angular velocity and
                    linear acceleration (specific force) in the base frame; frame_id = the
                    base body's name
   ~/base_pose      geometry_msgs/PoseStamped out: the base body's pose, frame_id 'world'
-published after every reset, step and restore, all stamped with the simulation time.
+published with every observation, all stamped with the simulation time.
 """
 import array
 import os
