@@ -20,8 +20,8 @@ pytest.importorskip('simulation_interfaces', reason='simulation_interfaces is no
                     'comes from ../shared/ros-src (tools/bootstrap.sh builds it there)')
 from rclpy.action import ActionClient  # noqa: E402
 from simulation_interfaces.action import SimulateSteps  # noqa: E402
-from simulation_interfaces.msg import Result  # noqa: E402
-from simulation_interfaces.srv import ResetSimulation  # noqa: E402
+from simulation_interfaces.msg import Result, SimulationState  # noqa: E402
+from simulation_interfaces.srv import ResetSimulation, SetSimulationState  # noqa: E402
 from std_msgs.msg import Float64MultiArray  # noqa: E402
 
 from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
@@ -30,9 +30,35 @@ from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
 G1_YAML = ROOT / 'config' / 'g1.yaml'
-pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
-                                reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
-                                'absent in a fresh clone)')
+NEEDS_G1 = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
+                              reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
+                              'absent in a fresh clone)')
+
+
+def test_quitting_ends_the_world_node(tmp_path):
+    """SetSimulationState QUITTING: answered RESULT_OK, then the flashrt_sim process ends
+    with status 0 (the standard: the simulator application closes)."""
+    log = open(tmp_path / 'world.log', 'w')
+    sim = subprocess.Popen([installed_executable('sim_node'), '--ros-args', '-r',
+                            '__node:=flashrt_sim_quit'], stdout=log, stderr=subprocess.STDOUT)
+    rclpy.init()
+    node = rclpy.create_node('quit_test')
+    spinner = spin_in_thread(node)
+    try:
+        client = node.create_client(SetSimulationState, '/flashrt_sim_quit/set_simulation_state')
+        assert client.wait_for_service(timeout_sec=60.0), 'the world did not come up'
+        request = SetSimulationState.Request()
+        request.state.state = SimulationState.STATE_QUITTING
+        response = call_service(client, request, 30.0)[0]
+        assert response.result.result == Result.RESULT_OK, response.result.error_message
+        assert sim.wait(timeout=30) == 0, (tmp_path / 'world.log').read_text()
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.wait()
+        spinner.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
 
 
 def _needs_ros2(test):
@@ -41,6 +67,7 @@ def _needs_ros2(test):
     return test
 
 
+@NEEDS_G1
 @_needs_ros2
 def test_g1_simulator_launch_runs_the_what_ifs_through_the_standard(tmp_path):
     """`ros2 launch flashrt_ros g1_simulator.launch.py`: world, policy node and runner; the
@@ -118,6 +145,7 @@ def _policy(tmp_path, capsules, log, *extra):
         *extra], open(tmp_path / log, 'w'))
 
 
+@NEEDS_G1
 @pytest.mark.slow
 def test_g1_policy_killed_between_simulate_steps_resumes_exactly(tmp_path):
     """A world in paused lock-step (lockstep 'steps') and a policy node that checkpoints every
