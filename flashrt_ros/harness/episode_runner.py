@@ -31,7 +31,7 @@ import time
 
 import rclpy
 
-from flashrt_ros.client import PolicyClient, spin_in_thread, wait_matched
+from flashrt_ros.client import PolicyClient, spin_in_thread
 from flashrt_ros.harness.fleet import Fleet, parse_addresses
 from flashrt_ros.harness.links import observation_link, RobotLink
 from flashrt_ros.harness.simulator_world import SimulatorWorld
@@ -266,8 +266,6 @@ def connect(world, node, params, log=print):
     client = PolicyClient(node, params['policy'], timeout=params['timeout'], session=session)
     if world is None:
         client.wait_services(time.monotonic() + 60.0)
-        wait_matched([], [client._action_sub], time.monotonic() + 60.0,
-                     f'{params["policy"]}/action has no publisher: is the policy node active?')
         world = SimulatorWorld(node, client, params['simulator'], params['push_entity'],
                                params['timeout'], log, params['push_direction'])
         return client, None, world

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from flashrt_ros.client import call_service
+from flashrt_ros.client import call_service, wait_matched
 
 try:
     from simulation_interfaces import action as si_action, msg as si_msg, srv as si_srv
@@ -73,6 +73,12 @@ class SimulatorWorld:
         if not self._steps.wait_for_server(timeout_sec=timeout):
             raise TimeoutError(f'action {self.prefix}/simulate_steps did not appear')
         self._kept = {}
+        # the actions are recorded from the policy's ~/action: matched here, then a moment for
+        # the node's side of the match (an action sent before it would reach nobody; the
+        # world's steps only start with the first rollout)
+        wait_matched([], [client._action_sub], time.monotonic() + timeout,
+                     f'{client.policy}/action has no publisher: is the policy node active?')
+        time.sleep(0.5)
         log(f'simulator at {self.prefix}: ' + (
             'world capsules (exact branches)' if self.exact else
             'no world capsules: branches restore entity poses and twists only (approximate)'))
