@@ -106,8 +106,12 @@ class PolicyClient:
                                               event_callbacks=publisher_events())
         self._actions = []
         self._action_event = threading.Condition()
+        # a deep reader queue: a busy client process must not drop actions a world in
+        # lock-step produces as fast as the policy answers
+        deep = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1000,
+                          reliability=ReliabilityPolicy.RELIABLE)
         self._action_sub = node.create_subscription(Float32MultiArray, f'{topics}/action',
-                                                    self._on_action, qos)
+                                                    self._on_action, deep)
         self.last_status = None
         self._status_sub = node.create_subscription(fmsg.PolicyStatus, f'{self.policy}/status',
                                                     self._on_status, 10)

@@ -28,6 +28,9 @@ except ImportError:
     si_action = si_msg = si_srv = None
 
 
+CHUNK = 50      # steps per SimulateSteps goal: below the policy's ~/action history (qos_depth)
+
+
 class SimulatorWorld:
     """The episode runner's World for a simulator behind simulation_interfaces at `prefix`
     (e.g. /flashrt_sim, /gzserver). `client`: the PolicyClient whose ~/action it records."""
@@ -152,10 +155,19 @@ class SimulatorWorld:
         return None
 
     def rollout(self, steps):
-        """`steps` steps in paused lock-step: (actions, final entity states, [], None)."""
+        """`steps` steps in paused lock-step: (actions, final entity states, [], final x, y).
+
+        In goals of at most CHUNK steps, each one's actions received before the next: the
+        world runs as fast as the policy answers, and a reader that fell further behind than
+        the publisher's history (a loaded machine) would lose actions (KEEP_LAST)."""
         seen = self.client.actions_received()
-        self._simulate(steps)
-        actions = self.client.wait_actions(seen + steps)[seen:]
+        done = 0
+        while done < steps:
+            n = min(CHUNK, steps - done)
+            self._simulate(n)
+            done += n
+            self.client.wait_actions(seen + done)
+        actions = self.client.wait_actions(seen + steps)[seen:seen + steps]
         return actions, [self.state_bytes()], [], self.final_columns()
 
     def snapshot(self, name):
