@@ -38,6 +38,16 @@ class NodeConfig:
 
     autostart: bool = param(True, 'configure and activate on start; a failure ends the '
                             'process with exit status 1')
+    policy_bundle: str = param('', 'a training run to deploy as it comes: an Isaac Lab / '
+                               'unitree_rl_lab run folder (params/deploy.yaml + exported/'
+                               'policy.onnx) or a unitree_rl_gym deploy config (+ its policy '
+                               'and MJCF beside it). At configure it sets every parameter it '
+                               'derives (policy, terms, scales, history, joints, defaults, '
+                               'action scale, control rate) that was not set by the user, and '
+                               'logs the table; see runtime/bundles.py')
+    robot_joint_names: list[str] = param([], "policy_bundle: the robot's joints in its own "
+                                         "(motor, joint_ids_map) order, for bundles that name "
+                                         'none (Isaac Lab deploy.yaml)')
     policy_type: str = param('recurrent', 'policy kind', choices=tuple(KINDS))
     device: str = param('auto', "'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'")
     cuda_graph: bool = param(True, 'capture the step as a CUDA graph (ignored on CPU)')
@@ -253,6 +263,9 @@ class ParameterHandler:
         self._node, self._lock = node, lock
         self.settings = None           # the configured Settings (settings.py); None if not
         self._updates = {}             # live name -> callback(value)
+        # what the user set after start (a policy bundle's value never replaces it); the
+        # bundle's own sets are made with `applying` true
+        self.user_set, self.applying = set(), False
         node.add_pre_set_parameters_callback(partial(coerce, node))
         node.add_on_set_parameters_callback(self._vet)
 
@@ -271,6 +284,8 @@ class ParameterHandler:
     def _vet(self, changes):
         with self._lock:
             changes = [p for p in changes if not self._declaring(p.name)]
+            if not self.applying:
+                self.user_set.update(p.name for p in changes)
             try:
                 updates = {p.name: check(p.name, p.value) for p in changes
                            if p.name in FIELDS}

@@ -41,6 +41,7 @@ from flashrt_ros.node.capsule_services import CapsuleServices
 from flashrt_ros.node.control_loop import ControlLoop
 from flashrt_ros.node.diagnostics import Report
 from flashrt_ros.node.guard import SessionGuard
+from flashrt_ros.node.bundle_parameters import apply_bundle
 from flashrt_ros.node.parameters import ParameterHandler
 from flashrt_ros.node.robot_io import RobotIO
 from flashrt_ros.node.settings import build_engine, load_settings
@@ -131,6 +132,7 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.SUCCESS
 
     def _configure(self):
+        apply_bundle(self, self.parameter_handler)
         settings = load_settings(self)
         # capsule stamps on the node's clock: sim time under use_sim_time
         engine = build_engine(settings, clock=lambda: self.get_clock().now().nanoseconds * 1e-9)
