@@ -42,8 +42,9 @@ STEPS_20S = 1000        # policy steps in 20 s at 50 Hz
 FIRST_STAMP = 20_000_000    # ns: the world's first readings, after one period at the defaults
 
 
-def _start(name, args, log):
-    cmd = [installed_executable(name), '--ros-args', '--params-file', str(G1_YAML), *args]
+def _start(name, args, log, params_file=G1_YAML):
+    files = ['--params-file', str(params_file)] if params_file else []
+    cmd = [installed_executable(name), '--ros-args', *files, *args]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -269,13 +270,19 @@ def test_g1_walks_through_the_node_bit_for_bit(tmp_path):
             f'step {k}: max abs diff {np.abs(action - want).max()}'
 
 
-def _run_g1_episodes(tmp_path, policy_args, runner_args, sim_args=None):
+def _run_g1_episodes(tmp_path, policy_args, runner_args, sim_args=None, bundle=False):
     """The episode runner (config/g1.yaml + runner_args: its world in this process, or a
     flashrt_sim node in its own process with sim_args) against a policy node in its own
-    process (+ policy_args); asserts every check held and returns (runner, its parameters,
-    its log lines)."""
+    process (+ policy_args; bundle: configured from the G1 folder as a policy bundle, without
+    config/g1.yaml); asserts every check held and returns (runner, its parameters, its log
+    lines)."""
     log = open(tmp_path / 'policy.log', 'w')
-    policy = _start('policy_node', _policy_args(tmp_path, *policy_args), log)
+    if bundle:
+        policy = _start('policy_node', ['-p', f'policy_bundle:={ROBOT}', '-p', 'device:=cpu',
+                                        '-p', f'capsule_dir:={tmp_path / "capsules"}',
+                                        *policy_args], log, params_file=None)
+    else:
+        policy = _start('policy_node', _policy_args(tmp_path, *policy_args), log)
     sim = None if sim_args is None else _start('sim_node', [
         '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-r', '__node:=flashrt_sim', *sim_args], log)
     rclpy.init(args=['--ros-args', '--params-file', str(G1_YAML),
@@ -333,6 +340,19 @@ def test_g1_runner_through_simulation_interfaces_equals_the_in_process_world(tmp
     for k, (here, there) in enumerate(zip(local.results, remote.results)):
         assert len(there[0]) == 60 and there[0] == here[0], f'branch {k}: actions differ'
         assert np.allclose(there[3], here[3][:2], atol=0, rtol=0), f'branch {k}: final x, y'
+
+
+def test_g1_policy_bundle_walks_as_the_hand_written_config(tmp_path):
+    """The unitree_rl_gym G1 folder as a policy bundle (policy_bundle:=<folder>, no
+    observation parameters at all) gives the hand-written config/g1.yaml node's walk and
+    what-ifs, bit for bit; the node logs what it derived."""
+    common = ['-p', 'steps:=160', '-p', 'branch_at:=100', '-p', 'resets:=2']
+    written, _, _ = _run_g1_episodes(tmp_path, [], common)
+    derived, _, _ = _run_g1_episodes(tmp_path, [], common, bundle=True)
+    log = (tmp_path / 'policy.log').read_text()
+    assert 'policy bundle (unitree_rl_gym)' in log and 'observation.phase.dt = 0.002' in log
+    for k, (here, there) in enumerate(zip(written.results, derived.results)):
+        assert len(there[0]) == 60 and there[0] == here[0], f'branch {k}: actions differ'
 
 
 @pytest.mark.slow
