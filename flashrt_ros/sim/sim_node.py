@@ -64,6 +64,7 @@ from flashrt_ros import srv as fsrv
 from flashrt_ros.executors import run
 from flashrt_ros.messages import robot_messages, sim_stamp
 from flashrt_ros.msg import CapsuleInfo
+from flashrt_ros.runtime.bundles import load_bundle
 from flashrt_ros.runtime.errors import FlashRTError
 from flashrt_ros.sim import simulation_services
 from flashrt_ros.sim.cartpole import MujocoWorld
@@ -81,16 +82,27 @@ ROBOT_PARAMETERS = ('mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 
 
 def robot_world_from_parameters(node):
     """Declares the mjcf world's parameters (ROBOT_PARAMETERS, see the module docstring) on a
-    node and builds its RobotWorld: the flashrt_sim node's world, or the episode runner's."""
+    node and builds its RobotWorld: the flashrt_sim node's world, or the episode runner's.
+    With `policy_bundle` (a training run: runtime/bundles.py) the joint order, PD gains,
+    default angles, sim_dt and decimation come from it, except those set as parameters."""
     # Dynamically typed, so YAML integers (kps: [100, ...]) are accepted as well.
     free = ParameterDescriptor(dynamic_typing=True)
     declared = [(name, None, free) for name in ('kps', 'kds', 'default_angles', 'joint_names')]
     declared += [('mjcf_path', '', None), ('sim_dt', 0.0, None), ('decimation', 1, None),
-                 ('clip_targets', True, None)]
+                 ('clip_targets', True, None), ('policy_bundle', '', None),
+                 ('robot_joint_names', [''], None)]
     for name, default, descriptor in declared:
         if not node.has_parameter(name):    # a second world on the same node (parallel)
             node.declare_parameter(name, default, descriptor)
     v = {name: node.get_parameter(name).value for name in ROBOT_PARAMETERS}
+    bundle = node.get_parameter('policy_bundle').value
+    if bundle:
+        names = [n for n in node.get_parameter('robot_joint_names').value if n]
+        robot = load_bundle(bundle, names).robot
+        user = set(getattr(node, '_parameter_overrides', {}))
+        for name in ('kps', 'kds', 'default_angles', 'joint_names', 'sim_dt', 'decimation'):
+            if name in robot and name not in user:
+                v[name] = robot[name]
     missing = [k for k in ('mjcf_path', 'kps', 'kds', 'default_angles') if not v[k]]
     if missing:
         raise ValueError(f"world 'mjcf' needs the parameters {', '.join(missing)}")

@@ -154,3 +154,33 @@ def test_sim_node_mjcf_mode_walks_over_topics(g1):
         sim.destroy_node()
         node.destroy_node()
         rclpy.try_shutdown(context=ctx)
+
+
+@pytest.mark.ros
+def test_sim_node_world_from_a_policy_bundle(g1):
+    """world 'mjcf' with policy_bundle (the unitree_rl_gym G1 folder) and mjcf_path only: joint
+    order, PD gains, default angles, sim_dt and decimation come from the deploy file, as the
+    hand-written config/g1.yaml has them; a parameter set by the user wins."""
+    rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
+    from rclpy.parameter import Parameter
+    from flashrt_ros.sim.sim_node import make_sim_node
+    folder, cfg = g1['scene'].parent, g1['cfg']
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx)
+    try:
+        common = [Parameter('world', value='mjcf'),
+                  Parameter('mjcf_path', value=str(folder / 'scene.xml')),
+                  Parameter('policy_bundle', value=str(folder))]
+        sim = make_sim_node('flashrt_sim_bundle', context=ctx, parameter_overrides=common)
+        w = sim.world
+        assert w.kps.tolist() == list(cfg['kps']) and w.kds.tolist() == list(cfg['kds'])
+        assert w.default_angles.tolist() == list(cfg['default_angles'])
+        assert (w.sim_dt, w.decimation) == (cfg['simulation_dt'], cfg['control_decimation'])
+        assert w.joint_names[0] == 'left_hip_pitch_joint' and len(w.joint_names) == 12
+        sim.destroy_node()
+        sim = make_sim_node('flashrt_sim_bundle2', context=ctx, parameter_overrides=common + [
+            Parameter('decimation', value=5)])
+        assert sim.world.decimation == 5
+        sim.destroy_node()
+    finally:
+        rclpy.try_shutdown(context=ctx)
