@@ -59,7 +59,10 @@ class ControlLoop:
         active[:] = False
         for i, row in rows.items():
             s, problem = self.sessions[i], None
-            if self.guards[i].held:
+            supervisor = self.guards[i].supervisor
+            if supervisor is not None and supervisor.holding:
+                self._publish_held(s, supervisor)
+            elif self.guards[i].held:
                 self.report.refuse(f'{s.label}the state was poisoned (NaN/Inf); call ~/recover, '
                                    '~/restore or ~/reset_episode (~/reset_session for one '
                                    'session)', level='error')
@@ -91,11 +94,38 @@ class ControlLoop:
                 continue
             published[i] = action = actions[i].numpy()
             self.robot.publish_action(s, action)
-            self.robot.publish_commands(s, action)
+            if guard.supervisor is None:
+                self.robot.publish_commands(s, action)
+            else:
+                self._supervised(s, guard.supervisor, action)
             if self.settings.lockstep:
                 s.unsent = None if self.robot.reaches(s) else action
             guard.committed()
         return published
+
+    # -- the safety supervisor (runtime/safety.py) ----------------------------------------------
+
+    def _supervised(self, s, supervisor, action):
+        """The commands of a supervised step: the policy's (faded in at start-up), or, when a
+        detector trips, the response's (the trip counted, diagnosed and its capsule kept)."""
+        joint_state = s.inputs.get('joint_state', (None,))[0]
+        imu = s.inputs.get('imu', (None,))[0]
+        trips = supervisor.detect(joint_state, imu, action)
+        if not trips:
+            targets = self.settings.targets(action)
+            self.robot.publish_targets(s, supervisor.passed(joint_state, action, targets))
+            return
+        targets, _ = supervisor.tripped(trips)
+        self.report.safety_trip(s.label, supervisor.last_trip)
+        self.robot.publish_targets(s, targets)
+
+    def _publish_held(self, s, supervisor):
+        """A held or ramping session: the policy is not stepped; the response's targets go
+        out (and ~/action repeats the last action, so a lock-step world gets its answer)."""
+        last = self.engine.last_action(session=s.index)
+        if last is not None:
+            self.robot.publish_action(s, last)
+        self.robot.publish_targets(s, supervisor.held_targets())
 
     # -- observations as messages -----------------------------------------------------------------
 

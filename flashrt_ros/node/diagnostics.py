@@ -67,6 +67,8 @@ class Report:
         self.last_refusal = ''
         self.lost = {}              # input topic -> readings lost before the node saw them
         self.callback_failures = 0
+        self.safety_trips = 0       # safety supervisor trips (runtime/safety.py)
+        self.last_safety_trip = ''
         # (time, session name or None, kind, count, detail), oldest first; kept while recent
         self._events = deque()
         self._last_report = self.clock()
@@ -102,6 +104,12 @@ class Report:
         self.log.warning(f'{count} readings on {topic} lost before the node saw them '
                          f'({sum(self.lost.values())} since configure): raise qos_depth or '
                          'lower the rate', throttle_duration_sec=1.0)
+
+    def safety_trip(self, label, detail):
+        """A detector tripped (the supervisor logged it with its response)."""
+        self.safety_trips += 1
+        self.last_safety_trip = label + detail
+        self._event(_session_of_reason(label) if label else None, 'safety', 1, detail)
 
     def callback_failed(self, what, exc):
         self.callback_failures += 1
@@ -169,6 +177,9 @@ class Report:
         status.session_steps = [s.step_index for s in sessions]
         status.session_episodes = [s.episode for s in sessions]
         status.held_sessions = [g.name for g in guards if g.held]
+        status.safety_trips = self.safety_trips
+        status.safety_holding = [g.name for g in guards
+                                 if g.supervisor is not None and g.supervisor.holding]
         return status
 
     def diagnostic(self, status, engine=None, guards=()):
@@ -189,6 +200,14 @@ class Report:
             which = f'sessions {list(status.held_sessions)}' if len(guards) > 1 else 'the state'
             errors.append(f'{which} held after a poisoned step: steps refused until '
                           f'{_HOLD_WAYS_OUT}')
+        if status.safety_holding:
+            which = f'sessions {list(status.safety_holding)}' if len(guards) > 1 else 'the robot'
+            errors.append(f'safety supervisor holds {which} after a trip ('
+                          f'{self.last_safety_trip}): until {_HOLD_WAYS_OUT}')
+        recent_trips = [e for e in events if e[2] == 'safety']
+        if recent_trips:
+            errors.append(f'{sum(e[3] for e in recent_trips)} safety trips recently; last: '
+                          f'{self.last_safety_trip}')
         warnings = _recent_problems(events, span)
         for g in guards:
             if failing[g.name]:
@@ -202,7 +221,9 @@ class Report:
         values.append(('held_sessions', list(status.held_sessions)))
         if guards:
             values.append(('failed_checkpoints', sum(g.failed_checkpoints for g in guards)))
-        values += [('callback_failures', self.callback_failures),
+        values += [('safety_trips', self.safety_trips),
+                   ('last_safety_trip', self.last_safety_trip),
+                   ('callback_failures', self.callback_failures),
                    ('deterministic', determinism.get('deterministic')),
                    ('recent_window_s', self.window),
                    ('refused_recently', _count(events, 'refused')),

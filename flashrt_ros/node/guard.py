@@ -8,8 +8,10 @@ rclpy's throttling), and the on_poison choice between recovering at once and hol
 checkpoint_every, checkpoint_keep, checkpoint_to_disk and on_poison are read at every use, so
 live parameter changes apply at the next step.
 """
+from flashrt_ros.runtime import safety
 from flashrt_ros.runtime.errors import FlashRTError
 from flashrt_ros.runtime.recovery import Recovery
+from flashrt_ros.runtime.safety import Supervisor
 
 
 class SessionGuard:
@@ -27,6 +29,12 @@ class SessionGuard:
                                  cfg.checkpoint_to_disk, logger=logger,
                                  session=index if engine.sessions > 1 else None)
         self.held = False           # poisoned and not recovered: steps refused until restored
+        self.supervisor = None      # the safety supervisor (runtime/safety.py), if configured
+        if cfg.safety and settings.terms:
+            self.supervisor = Supervisor(
+                engine, index if engine.sessions > 1 else None, cfg,
+                safety.parse(cfg.safety, cfg, len(cfg.joint_names)), 1.0 / cfg.control_rate,
+                logger, self.name if engine.sessions > 1 else '')
 
     @property
     def failed_checkpoints(self):
@@ -81,6 +89,8 @@ class SessionGuard:
         episode_start; returns the message. FlashRTError when none is usable."""
         message = f'{self.label}recovered: {self.recovery.recover().message}'
         self.held = False
+        if self.supervisor is not None:
+            self.supervisor.clear()
         self._on_state_replaced(self.index)
         return message
 
@@ -90,6 +100,8 @@ class SessionGuard:
         do.)"""
         self.recovery.after_restore()
         self.held = False
+        if self.supervisor is not None:
+            self.supervisor.clear()
 
     def resume(self, what):
         """restore_on_start: '' (off), 'latest' (newest loadable checkpoint file of this

@@ -46,7 +46,7 @@ class NodeConfig:
                                'action scale, control rate) that was not set by the user, and '
                                'logs the table; see runtime/bundles.py')
     robot_joint_names: list[str] = param([], "policy_bundle: the robot's joints in its own "
-                                         "(motor, joint_ids_map) order, for bundles that name "
+                                         '(motor, joint_ids_map) order, for bundles that name '
                                          'none (Isaac Lab deploy.yaml)')
     policy_type: str = param('recurrent', 'policy kind', choices=tuple(KINDS))
     device: str = param('auto', "'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'")
@@ -142,6 +142,29 @@ class NodeConfig:
                                  'single-session run to float rounding, not bit for bit')
     restore_on_start: str = param('', "'' | latest | a capsule file in capsule_dir, restored "
                                   'at configure so a restarted process resumes')
+    safety: list[str] = param([], "terms: the safety supervisor, entries 'detector:response'"
+                              ' (detectors tilt, joint_position, joint_velocity, action_rate; '
+                              'responses hold, ramp, rollback); empty: off. See '
+                              'runtime/safety.py')
+    safety_max_tilt: float = param(0.8, 'tilt detector: the base tilt (rad) from the IMU '
+                                   'orientation that trips it', low=0.0, high=3.1416)
+    safety_joint_margin: float = param(0.0, 'joint_position detector: rad beyond '
+                                       'joint_lower_limits / joint_upper_limits', low=0.0)
+    safety_max_joint_velocity: list[float] = param([], 'joint_velocity detector: rad/s, one '
+                                                   'value or one per joint')
+    safety_max_action_rate: float = param(0.0, 'action_rate detector: the largest change of '
+                                          'an action value in one step', low=0.0)
+    safety_safe_every: int = param(10, 'a safe capsule every N steps without a trip',
+                                   low=1, high=100000)
+    safety_safe_keep: int = param(4, 'safe capsules kept (rollback goes one further back per '
+                                  'trip in a row)', low=1, high=1000)
+    safety_max_rollbacks: int = param(3, 'rollbacks in a row before the supervisor holds',
+                                      low=0, high=1000)
+    safety_ramp_time: float = param(1.0, 'ramp response: seconds from the last safe targets '
+                                    'to default_angles', low=0.0)
+    safety_startup_ramp: float = param(0.0, 'seconds over which the published targets fade '
+                                       "from the joints' first reading to the policy's (0: "
+                                       'none)', low=0.0)
     signing_key_file: str = param('', 'file holding an HMAC key (>= 16 bytes): capsule files '
                                   'are signed on save and must carry a valid signature to '
                                   "load ('' = checksums only; see docs/runtime.md)")

@@ -213,9 +213,14 @@ class RobotIO:
                                    stamp))
 
     def publish_commands(self, s, action):
+        if s.command_pubs:
+            self.publish_targets(s, self.settings.targets(action))
+
+    def publish_targets(self, s, targets):
+        """Joint targets (joint_names order) on the session's command outputs."""
         if not s.command_pubs:
             return
-        cfg, targets = self.settings.node, self.settings.targets(action)
+        cfg = self.settings.node
         # a trajectory reaches the targets one control period after the controller takes it;
         # lock-step's period is the world's, unknown here: 0, the targets at once (as the
         # forward controller sets them), held until the world steps and the next one comes

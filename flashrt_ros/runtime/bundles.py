@@ -49,7 +49,8 @@ class Bundle(NamedTuple):
     policy_file: str
     values: dict            # node parameter name -> value (observation.<term>.<setting> too)
     robot: dict             # for the world / controllers: joint_names, kps, kds,
-    #                         default_angles (policy joint order), sim_dt, decimation
+    #                         default_angles (policy joint order); sim_dt and decimation
+    #                         (unitree_rl_gym) or control_period (isaaclab)
     notes: list             # what the files did not say and was assumed
 
 
@@ -106,16 +107,17 @@ def load_bundle(path, robot_joint_names=()):
 
 # -- helpers ---------------------------------------------------------------------------------
 
-def _numbers(source, cfg, field, n=None):
+def _numbers(source, cfg, field, n=None, where=''):
+    '''where: the field's path above it (observations.<term>., ...), for the refusal.'''
     value = cfg.get(field) if isinstance(cfg, dict) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list) or not value or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             for v in value):
-        _refuse(source, field, f'expected finite numbers, got {value!r}')
+        _refuse(source, where + field, f'expected finite numbers, got {value!r}')
     if n is not None and len(value) != n:
-        _refuse(source, field, f'{len(value)} values, expected {n}')
+        _refuse(source, where + field, f'{len(value)} values, expected {n}')
     return [float(v) for v in value]
 
 
@@ -167,7 +169,10 @@ def _policy_kind(path):
 def _mjcf_joints(path):
     '''The actuated joints of an MJCF in model order (deploy_mujoco.py reads qpos[7:]).'''
     import mujoco
-    model = mujoco.MjModel.from_xml_path(path)
+    try:
+        model = mujoco.MjModel.from_xml_path(path)
+    except ValueError as exc:       # MuJoCo's parse and compile errors
+        raise InvalidConfig(f'policy bundle MJCF {path}: {exc}') from None
     joints = sorted({int(model.actuator_trnid[a, 0]) for a in range(model.nu)
                      if model.actuator_trntype[a] == int(mujoco.mjtTrn.mjTRN_JOINT)})
     return [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) for j in joints]
@@ -183,7 +188,8 @@ def _unitree_rl_gym(deploy, cfg, robot_joint_names):
     n = cfg['num_actions']
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         _refuse(deploy, 'num_actions', f'expected a positive integer, got {n!r}')
-    if cfg['num_obs'] != 9 + 3 * n + 2:
+    if not isinstance(cfg['num_obs'], int) or isinstance(cfg['num_obs'], bool) or \
+            cfg['num_obs'] != 9 + 3 * n + 2:
         _refuse(deploy, 'num_obs', f'{cfg["num_obs"]}: deploy_mujoco.py\'s observation (ang '
                 'vel, gravity, command, joint pos, joint vel, action, sin/cos phase) has '
                 f'9 + 3 x {n} + 2 = {9 + 3 * n + 2} values; another layout is not this format')
@@ -258,11 +264,13 @@ def _isaaclab(deploy, cfg, robot_joint_names):
     if not isinstance(actions, dict) or list(actions) != ['JointPositionAction']:
         _refuse(deploy, 'actions', f'{list(actions) if isinstance(actions, dict) else actions!r}:'
                 ' this loader knows one JointPositionAction term')
-    action = actions['JointPositionAction'] or {}
-    scale = _numbers(deploy, action, 'scale', n) if isinstance(action.get('scale'), list) \
-        else _numbers(deploy, action, 'scale')
+    action, where = actions['JointPositionAction'] or {}, 'actions.JointPositionAction.'
+    if not isinstance(action, dict):
+        _refuse(deploy, where[:-1], f'expected its settings, got {action!r}')
+    per_joint = isinstance(action.get('scale'), list)
+    scale = _numbers(deploy, action, 'scale', n if per_joint else None, where)
     offset = action.get('offset')
-    if offset is not None and _numbers(deploy, action, 'offset', n) != default:
+    if offset is not None and _numbers(deploy, action, 'offset', n, where) != default:
         _refuse(deploy, 'actions.JointPositionAction.offset', 'differs from default_joint_pos: '
                 'joint targets here are default_angles + action_scale x action')
     if action.get('clip') is not None:
@@ -289,15 +297,15 @@ def _isaaclab(deploy, cfg, robot_joint_names):
         if not isinstance(history, int) or isinstance(history, bool) or history < 1:
             _refuse(deploy, f'{field}.history_length', f'expected a positive integer, got '
                     f'{history!r}')
-        term_scale = _numbers(deploy, term, 'scale') if term.get('scale') is not None \
-            else [1.0]
+        term_scale = _numbers(deploy, term, 'scale', where=field + '.') \
+            if term.get('scale') is not None else [1.0]
         if len(term_scale) not in (1, sizes[kind]):
             _refuse(deploy, f'{field}.scale', f'{len(term_scale)} values for a term of '
                     f'{sizes[kind]}')
         values[f'observation.{name}.type'] = kind
         values[f'observation.{name}.scale'] = term_scale
         if term.get('clip') is not None:
-            values[f'observation.{name}.clip'] = _numbers(deploy, term, 'clip', 2)
+            values[f'observation.{name}.clip'] = _numbers(deploy, term, 'clip', 2, field + '.')
         values[f'observation.{name}.history_length'] = history
         obs_dim += sizes[kind]      # one frame: the terms' histories widen the policy input
     notes = []

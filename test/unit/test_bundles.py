@@ -283,8 +283,8 @@ def test_isaaclab_robot_joint_names_in_motor_order():
     plain = load_bundle(LAB)
     assert bundle.values['joint_names'] == bundle.robot['joint_names'] == \
         [names[ids[i]] for i in range(29)]
-    assert bundle.values['joint_names'][:3] == ['motor_0_joint', 'motor_6_joint',
-                                                 'motor_12_joint']
+    first = ['motor_0_joint', 'motor_6_joint', 'motor_12_joint']
+    assert bundle.values['joint_names'][:3] == first
     assert not any('joint_<motor index>' in note for note in bundle.notes)
     assert dict(bundle.values, joint_names=None) == dict(plain.values, joint_names=None)
     assert dict(bundle.robot, joint_names=None) == dict(plain.robot, joint_names=None)
@@ -348,6 +348,14 @@ def _second_action(cfg):
                  id='28-robot_joint_names'),
     pytest.param(lambda cfg: cfg['observations']['joint_vel_rel'].update(scale=[0.05] * 3),
                  True, (), 'observations.joint_vel_rel.scale', id='term-scale-of-3'),
+    pytest.param(lambda cfg: cfg['observations']['base_ang_vel'].update(scale='x'),
+                 True, (), 'observations.base_ang_vel.scale', id='term-scale-not-numbers'),
+    pytest.param(lambda cfg: cfg['observations']['base_ang_vel'].update(clip=[1, 2, 3]),
+                 True, (), 'observations.base_ang_vel.clip', id='term-clip-of-3'),
+    pytest.param(lambda cfg: cfg['actions'].update(JointPositionAction=[1, 2]),
+                 True, (), 'actions.JointPositionAction', id='action-term-not-a-mapping'),
+    pytest.param(lambda cfg: _actions(cfg).pop('scale'), True, (),
+                 'actions.JointPositionAction.scale', id='action-scale-missing'),
 ])
 def test_isaaclab_refusals_name_the_field(tmp_path, change, policy, names, refused):
     '''An Isaac Lab run changed in one way is refused with InvalidConfig naming the field:
