@@ -17,6 +17,7 @@ a tick, and a tick never waits behind a queue of service calls.
 """
 import time
 
+from builtin_interfaces.msg import Time
 import numpy as np
 
 from flashrt_ros.runtime.errors import FlashRTError, InvalidObservation
@@ -26,6 +27,16 @@ def input_tag(stamp):
     """A lock-step reading's stamp as the engine's step tag: nanoseconds + 1 (0: none)."""
     sec, nanosec = stamp
     return sec * 1_000_000_000 + nanosec + 1
+
+
+def _tag_stamp(tag):
+    """The inverse of input_tag: (sec, nanosec)."""
+    return divmod(tag - 1, 1_000_000_000)
+
+
+def _stamp_msg(stamp):
+    sec, nanosec = stamp
+    return Time(sec=int(sec), nanosec=int(nanosec))
 
 
 def _same_values(a, b):
@@ -115,9 +126,15 @@ class ControlLoop:
             targets = self.settings.targets(action)
             self.robot.publish_targets(s, supervisor.passed(joint_state, action, targets))
             return
-        targets, _ = supervisor.tripped(trips)
+        targets, _, trip = supervisor.tripped(trips)
         self.report.safety_trip(s.label, supervisor.last_trip)
-        self.robot.publish_targets(s, targets)
+        joint = s.inputs.get('joint_state')
+        self.robot.publish_safety_event(
+            s, _stamp_msg(joint[1]) if joint else None, trip.detector, trip.detail,
+            trip.response, trip.trip_capsule, trip.restored,
+            _stamp_msg(_tag_stamp(trip.restored_tag)) if trip.restored_tag else None)
+        if targets is not None:
+            self.robot.publish_targets(s, targets)
 
     def _publish_held(self, s, supervisor):
         """A held or ramping session: the policy is not stepped; the response's targets go

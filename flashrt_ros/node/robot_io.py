@@ -22,6 +22,7 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.messages import action_message, command_message
+from flashrt_ros.msg import SafetyEvent
 
 COMMAND_TOPICS = {'float64_array': (Float64MultiArray, 'joint_commands'),
                   'joint_trajectory': (JointTrajectory, 'joint_trajectory')}
@@ -58,6 +59,7 @@ class SessionIO:
     seen: bool = False            # readings came since activation (lock-step waits for it)
     action_pub: object = None
     command_pubs: list = field(default_factory=list)
+    safety_pub: object = None     # ~/safety_event, when the safety supervisor is on
 
     def store(self, key, value, stamp=None):
         self.inputs[key] = (value, stamp, time.monotonic())
@@ -133,6 +135,8 @@ class RobotIO:
             for output in cfg.command_outputs if settings.terms else ():
                 msg_type, topic = COMMAND_TOPICS[output]
                 s.command_pubs.append(publisher(msg_type, s.prefix + topic, command_qos))
+            if cfg.safety and settings.terms:
+                s.safety_pub = publisher(SafetyEvent, s.prefix + 'safety_event', command_qos)
         # a farm that assembles its observations: [sessions, obs_dim] in, one tick out
         self.actions_pub = publisher(Float32MultiArray, '~/actions') \
             if fleet and cfg.observation_type == 'float32_array' else None
@@ -227,6 +231,17 @@ class RobotIO:
         period = 1.0 / cfg.control_rate if cfg.control_mode == 'timer' else 0.0
         for pub in s.command_pubs:
             pub.publish(command_message(pub.msg_type, targets, cfg.joint_names, period))
+
+    def publish_safety_event(self, s, stamp, detector, detail, response, trip_capsule,
+                             restored_capsule='', restored_stamp=None):
+        msg = SafetyEvent(session=s.name if s.label else '', detector=detector, detail=detail,
+                          response=response, trip_capsule=trip_capsule,
+                          restored_capsule=restored_capsule)
+        if stamp is not None:
+            msg.header.stamp = stamp
+        if restored_stamp is not None:
+            msg.restored_stamp = restored_stamp
+        s.safety_pub.publish(msg)
 
     @staticmethod
     def reaches(s):

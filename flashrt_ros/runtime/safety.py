@@ -17,10 +17,15 @@ Responses:
             then hold there
   rollback  restore the policy to a safe capsule and go on: the newest for the first trip, the
             next older one for each trip in a row (a run of trips ends after safety_safe_every
-            steps without one); after safety_max_rollbacks in a row it holds
+            steps without one past the step that tripped: the replay of steps that tripped
+            once neither ends it nor takes safe capsules); after safety_max_rollbacks in a row
+            it holds
   damp      refused at configure: none of the command outputs (float64_array, joint_trajectory)
             carries gains, so a zero-gain command cannot be sent
 A hold or ramp lasts until ~/reset_episode, ~/restore or ~/recover (the node calls clear()).
+After a rollback no command answers the tripping readings: the controller keeps the last one
+for that period, and a simulated world that follows rollbacks (flashrt_sim follow_rollbacks)
+restores its own state of the restored capsule's moment, so world and policy go back together.
 
 Safe capsules ('safe-<session>-<n>', host tier) are taken every safety_safe_every steps while
 no detector trips; safety_safe_keep of them are kept. Every trip keeps the state before the
@@ -30,6 +35,7 @@ after the first step the published targets fade from the joints' first reading t
 policy's (alpha from 0 to 1).
 '''
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +44,15 @@ from .errors import FlashRTError, InvalidConfig
 
 DETECTORS = ('tilt', 'joint_position', 'joint_velocity', 'action_rate')
 RESPONSES = ('hold', 'ramp', 'rollback', 'damp')
+
+
+class Trip(NamedTuple):
+    detector: str
+    detail: str
+    response: str           # what was done: hold, ramp or rollback
+    trip_capsule: str       # the state before the tripping step ('' if it could not be kept)
+    restored: str           # rollback: the safe capsule restored
+    restored_tag: int       # rollback: the engine input tag its state answered last (0: none)
 
 
 def parse(entries, cfg, n_joints):
@@ -102,6 +117,7 @@ class Supervisor:
         self.latched = None         # (response, from targets, steps into it) while holding
         self.consecutive = 0
         self.clean_steps = 0
+        self.probation = 0          # steps to replay after a rollback before it counts as safe
         self.last_targets = None
         self.last_action = None
         self.steps = 0
@@ -173,6 +189,11 @@ class Supervisor:
             targets = self.start_pose + alpha * (np.asarray(targets) - self.start_pose)
         self.last_action = np.asarray(action, np.float64)
         self.last_targets = np.asarray(targets, np.float64)
+        if self.probation > 0:
+            # replaying, after a rollback, steps that led to the trip once: not safe yet, and
+            # not the end of the run of trips (in a deterministic world they trip again)
+            self.probation -= 1
+            return targets
         self.clean_steps += 1
         if self.clean_steps % max(1, self.cfg.safety_safe_every) == 0:
             self.consecutive = 0        # a run of trips ends
@@ -197,19 +218,19 @@ class Supervisor:
 
     def tripped(self, trips):
         '''Acts on a step that tripped (its action not published): keeps the trip capsule, then
-        the response of the first detector that tripped. Returns (targets to publish or None,
-        what was done).'''
+        the response of the first detector that tripped. Returns (targets to publish: None
+        after a rollback, what was done, Trip).'''
         detector, seen = trips[0]
         self.trips += 1
         response = self.responses[detector]
         name = f'trip-{self.tag}-{self.trips}-{detector}'
-        kept = ''
+        kept, trip_capsule, restored = '', '', ''
         try:        # the state before the tripping step: replays the trip bit for bit
             self.engine.rollback(1, session=self.session)
             self.engine.snapshot(name, overwrite=True, pin=True, tier=Tier.HOST,
                                  session=self.session)
             self.trip_capsules.append(name)
-            kept = f'; state before it kept as {name!r}'
+            trip_capsule, kept = name, f'; state before it kept as {name!r}'
         except FlashRTError as exc:
             kept = f'; no trip capsule ({exc})'
         done = response
@@ -221,16 +242,22 @@ class Supervisor:
                 done = (f'hold ({self.consecutive - 1} rollbacks in a row'
                         + (', no older safe capsule' if back < 0 else '') + ')')
             else:
-                target = self._safe[back]
-                self.engine.restore(target, session=self.session)
+                restored = self._safe[back]
+                tripped_at = self.engine.session(self.session).step_index
+                self.engine.restore(restored, session=self.session)
+                self.probation = tripped_at - self.engine.session(self.session).step_index
                 self.clean_steps = 0
-                done = f'rollback to {target!r}'
+                self.last_action = None
+                done = f'rollback to {restored!r}'
         start = self.last_targets if self.last_targets is not None else self.default.copy()
         if response in ('hold', 'ramp'):
             self.latched = (response, start, 0)
         self.last_trip = f'{detector}: {seen} -> {done}'
         self.log.error(f'safety trip {self.trips}: {self.last_trip}{kept}')
-        return (self.held_targets() if self.latched else start), done
+        trip = Trip(detector, seen, response, trip_capsule, restored,
+                    self.engine.input_tag(session=self.session) if restored else 0)
+        return (None if restored else self.held_targets() if self.latched else start), done, \
+            trip
 
 
 def _limits(values, n, fill):

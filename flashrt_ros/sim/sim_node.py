@@ -43,6 +43,7 @@ or ~/step = one control period), and the robot topics are added:
 published with every observation, all stamped with the simulation time.
 """
 import array
+from collections import deque
 import os
 import threading
 import time
@@ -63,7 +64,7 @@ from std_srvs.srv import Trigger
 from flashrt_ros import srv as fsrv
 from flashrt_ros.executors import run
 from flashrt_ros.messages import robot_messages, sim_stamp
-from flashrt_ros.msg import CapsuleInfo
+from flashrt_ros.msg import CapsuleInfo, SafetyEvent
 from flashrt_ros.runtime.bundles import load_bundle
 from flashrt_ros.runtime.errors import FlashRTError
 from flashrt_ros.sim import simulation_services
@@ -144,6 +145,8 @@ class SimNode(Node):
         self.declare_parameter('command_timeout', 10.0)
         self.declare_parameter('real_time_factor', 1.0)
         self.declare_parameter('capsule_dir', '')
+        self.declare_parameter('follow_rollbacks', '')
+        self.declare_parameter('rollback_window', 500)
         p = self.get_parameter
         kind = p('world').value
         if kind == 'cartpole':
@@ -193,6 +196,13 @@ class SimNode(Node):
             period = float(p('republish_period').value)
             if period > 0:
                 self.create_timer(period, self._republish, callback_group=group)
+        # follow_rollbacks: the world's state after each step, by the stamp of the readings
+        # the step's command answered, so that a policy's rollback takes the world back too
+        self._history = deque()
+        followed = p('follow_rollbacks').value
+        if followed:
+            self.create_subscription(SafetyEvent, f'{followed.rstrip("/")}/safety_event',
+                                     self._on_safety_event, qos, callback_group=group)
         self.create_service(Trigger, '~/reset', self.reset_callback, callback_group=group)
         self.create_service(Trigger, '~/step', self.step_callback, callback_group=group)
         self.create_service(fsrv.Snapshot, '~/snapshot', self.snapshot_callback,
@@ -264,18 +274,54 @@ class SimNode(Node):
 
     def _step(self, command):
         """One control period holding `command` (None: the last one). False if refused."""
+        answered = _ns(self.world.sim_time)
         try:
             obs, reward = self.world.step(command)
         except ValueError as exc:
             self.get_logger().warning(f'command refused: {exc}', throttle_duration_sec=1.0)
             return False
         self.held = None
+        if self.get_parameter('follow_rollbacks').value:
+            self._remember(answered)
         if self.lockstep == 'steps' and self.sim_state != PLAYING:
             self._published = False
             self._publish_clock()
         else:
             self.publish(obs, reward)
         return True
+
+    # -- following a policy's rollbacks (its safety supervisor) ------------------------------
+
+    def _remember(self, answered):
+        name = f'follow-{answered}'
+        self.world.snapshot(name)
+        self._history.append(answered)
+        while len(self._history) > max(1, self.get_parameter('rollback_window').value):
+            self.world.delete(f'follow-{self._history.popleft()}')
+
+    def _on_safety_event(self, msg):
+        if msg.response != 'rollback':
+            return          # a hold or ramp: the world goes on under the held commands
+        stamp = msg.restored_stamp.sec * 1_000_000_000 + msg.restored_stamp.nanosec
+        if stamp not in self._history:
+            self.get_logger().error(
+                f'policy rolled back to {msg.restored_capsule!r} (readings of '
+                f'{stamp * 1e-9:.4f} s); the world keeps no state of that moment (last '
+                f'{len(self._history)} steps: rollback_window) and goes on')
+            return
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(('rollback', stamp, msg.restored_capsule))
+            return
+        with self.lock:
+            self._roll_back(stamp, msg.restored_capsule)
+
+    def _roll_back(self, stamp, capsule):
+        obs = self.world.restore(f'follow-{stamp}')
+        while self._history and self._history[-1] != stamp:
+            self.world.delete(f'follow-{self._history.pop()}')
+        self.get_logger().warning(f'policy rolled back to {capsule!r}: world back to '
+                                  f'{self.world.sim_time:.4f} s with it')
+        self.changed(obs)
 
     def action_callback(self, msg):
         command = list(msg.data)
@@ -314,6 +360,10 @@ class SimNode(Node):
                 command = self.held
                 if self.lockstep == 'steps':
                     command = await self._answered()
+                    while isinstance(command, tuple):       # the policy rolled back instead
+                        with self.lock:
+                            self._roll_back(*command[1:])
+                        command = await self._answered()
                     if command is None:
                         topic = '~/joint_commands' if self.robot is not None else '~/action'
                         return done, (f'no command on {self.get_name()}/{topic[2:]} answered '
@@ -471,6 +521,12 @@ class SimNode(Node):
         response.capsule.step = int(steps)
         response.capsule.nbytes = int(nbytes)
         response.capsule.stamp = self.get_clock().now().to_msg()
+
+
+def _ns(seconds):
+    """Simulation time as the integer nanoseconds its readings' stamps carry."""
+    stamp = sim_stamp(seconds)
+    return stamp.sec * 1_000_000_000 + stamp.nanosec
 
 
 class _Yield:

@@ -91,3 +91,64 @@ def test_g1_tilt_trip_acts_within_one_control_period(tmp_path):
     assert status.safety_trips == 1 and len(status.safety_holding) == 1
     print(f'G1 push: first reading past {MAX_TILT} rad at step {first} '
           f'(tilt {tilts[first]:.3f}); held from that step on; trips {status.safety_trips}')
+
+
+def _pushed_walk(tmp_path, tag, *policy_args):
+    """The flashrt_sim G1 (paused lock-step, following the policy node's rollbacks) and the
+    policy node, each in its own process: 100 steps of walking, a 3 m/s sideways push through
+    SetEntityState, 200 more steps. Returns (pelvis heights after each 10 steps, the safety
+    events)."""
+    from flashrt_ros.msg import SafetyEvent
+    from support.sim_driver import SimDriver
+    log = open(tmp_path / f'{tag}.log', 'w')
+    g1 = ['--params-file', str(ROOT / 'config' / 'g1.yaml')]
+    sim = subprocess.Popen([
+        installed_executable('sim_node'), '--ros-args', *g1,
+        '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'lockstep:=steps',
+        '-p', 'follow_rollbacks:=/flashrt_policy', '-r', '__node:=flashrt_sim'],
+        stdout=log, stderr=subprocess.STDOUT)
+    policy = subprocess.Popen([
+        installed_executable('policy_node'), '--ros-args', *g1,
+        '-p', f'policy_file:={ROBOT / "motion.pt"}', '-p', 'device:=cpu',
+        '-p', f'capsule_dir:={tmp_path / tag}', '-r', 'joint_states:=/flashrt_sim/joint_states',
+        '-r', 'imu:=/flashrt_sim/imu', '-r', '~/joint_commands:=/flashrt_sim/joint_commands',
+        *policy_args], stdout=log, stderr=subprocess.STDOUT)
+    rclpy.init()
+    driver = SimDriver()
+    events = []
+    driver.node.create_subscription(SafetyEvent, '/flashrt_policy/safety_event',
+                                    events.append, 10)
+    heights = []
+    try:
+        driver.simulate(100)
+        driver.push('pelvis', dy=3.0)
+        for _ in range(20):
+            driver.simulate(10)
+            heights.append(driver.entity('pelvis').pose.position.z)
+        return heights, events
+    finally:
+        for proc in (policy, sim):
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        driver.close()
+        rclpy.try_shutdown()
+
+
+def test_g1_world_and_policy_rollback_recovers_from_a_push(tmp_path):
+    """In simulation the rollback takes world and policy back together: the push that topples
+    the G1 without the supervisor is undone by `tilt:rollback` (the world follows the policy
+    node's ~/safety_event), and the robot walks on."""
+    plain, events = _pushed_walk(tmp_path, 'plain')
+    assert min(plain) < 0.5 and not events, f'without the supervisor it falls: {plain}'
+    safe, events = _pushed_walk(tmp_path, 'safe', '-p', "safety:=['tilt:rollback']",
+                                '-p', f'safety_max_tilt:={MAX_TILT}',
+                                '-p', 'safety_safe_every:=10')
+    assert events and all(e.response == 'rollback' for e in events), events
+    assert min(safe) > 0.6, f'with world + policy rollback it walks on: {safe}'
+    print(f'G1 push with rollback: {len(events)} rollbacks ('
+          f'{", ".join(e.restored_capsule for e in events)}); pelvis min {min(safe):.3f} m; '
+          f'without: min {min(plain):.3f} m')

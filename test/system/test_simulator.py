@@ -7,10 +7,8 @@ import os
 import pathlib
 import signal
 import subprocess
-import threading
 import time
 
-import numpy as np
 import pytest
 
 from support.ros_tools import installed_executable, NEEDS_ROS2, ROS2
@@ -18,14 +16,12 @@ from support.ros_tools import installed_executable, NEEDS_ROS2, ROS2
 rclpy = pytest.importorskip('rclpy', reason='needs rclpy (ROS 2 Jazzy): run tools/test.sh')
 pytest.importorskip('simulation_interfaces', reason='simulation_interfaces is not built: it '
                     'comes from ../shared/ros-src (tools/bootstrap.sh builds it there)')
-from rclpy.action import ActionClient  # noqa: E402
-from simulation_interfaces.action import SimulateSteps  # noqa: E402
 from simulation_interfaces.msg import Result, SimulationState  # noqa: E402
-from simulation_interfaces.srv import (  # noqa: E402
-    GetEntitiesStates, ResetSimulation, SetSimulationState)
+from simulation_interfaces.srv import ResetSimulation, SetSimulationState  # noqa: E402
 
 from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
+from support.sim_driver import SimDriver  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
@@ -87,55 +83,6 @@ def test_g1_simulator_launch_runs_the_what_ifs_through_the_standard(tmp_path):
     assert 'process has finished cleanly' in text.split('episode_runner', 1)[1], text
 
 
-class _Driver:
-    """This test's node: the world's SimulateSteps action, ResetSimulation and
-    GetEntitiesStates (the ground truth a run ends in: compared bit for bit, it shows that
-    every command the world stepped with was the same, without a side subscription that could
-    miss the first ones)."""
-
-    def __init__(self):
-        self.node = rclpy.create_node('simulator_recovery_test')
-        self.action = ActionClient(self.node, SimulateSteps, '/flashrt_sim/simulate_steps')
-        self.clients = {name: self.node.create_client(srv, f'/flashrt_sim/{name}') for name, srv
-                        in (('reset_simulation', ResetSimulation),
-                            ('get_entities_states', GetEntitiesStates))}
-        self.spinner = spin_in_thread(self.node)
-
-    def call(self, name, request):
-        client = self.clients[name]
-        assert client.wait_for_service(timeout_sec=60.0), f'{name} did not appear'
-        response = call_service(client, request, 30.0)[0]
-        assert response.result.result == Result.RESULT_OK, response.result.error_message
-        return response
-
-    def simulate(self, steps, timeout=240.0):
-        """SimulateSteps(steps) to its end."""
-        assert self.action.wait_for_server(timeout_sec=120.0), 'the world did not come up'
-        done = threading.Event()
-        holder = {}
-        self.action.send_goal_async(SimulateSteps.Goal(steps=steps)).add_done_callback(
-            lambda f: f.result().get_result_async().add_done_callback(
-                lambda r: (holder.update(result=r.result().result.result), done.set())))
-        assert done.wait(timeout), f'SimulateSteps({steps}) did not finish in {timeout} s'
-        assert holder['result'].result == Result.RESULT_OK, holder['result'].error_message
-
-    def states(self):
-        """Every entity's pose, twist and acceleration and the time, as bytes."""
-        response = self.call('get_entities_states', GetEntitiesStates.Request())
-        values = []
-        for s in response.states:
-            values.append(s.header.stamp.sec * 10**9 + s.header.stamp.nanosec)
-            for v in (s.pose.position, s.twist.linear, s.twist.angular, s.acceleration.linear):
-                values += [v.x, v.y, v.z]
-            q = s.pose.orientation
-            values += [q.w, q.x, q.y, q.z]
-        return np.array(values, dtype=np.float64).tobytes()
-
-    def close(self):
-        self.spinner.shutdown()
-        self.node.destroy_node()
-
-
 def _start(name, args, log):
     cmd = [installed_executable(name), '--ros-args', '--params-file', str(G1_YAML), *args]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -162,7 +109,7 @@ def test_g1_policy_killed_between_simulate_steps_resumes_exactly(tmp_path):
                               '-r', '__node:=flashrt_sim'], open(tmp_path / 'world.log', 'w'))
     procs = [sim]
     rclpy.init()
-    driver = _Driver()
+    driver = SimDriver()
     try:
         procs.append(_policy(tmp_path, tmp_path / 'plain', 'plain.log'))
         driver.simulate(250)

@@ -103,7 +103,8 @@ def test_hold_keeps_the_last_safe_targets_until_cleared(tmp_path):
     safe = sup.last_targets.copy()
     action = engine.step(obs(3)).numpy()
     trips = sup.detect(joint_state(), tilted(1.0), action)
-    targets, done = sup.tripped(trips)
+    targets, done, trip = sup.tripped(trips)
+    assert trip.detector == 'tilt' and trip.response == 'hold' and not trip.restored
     assert done == 'hold' and sup.holding and sup.trips == 1
     assert np.array_equal(targets, safe)
     assert all(np.array_equal(sup.held_targets(), safe) for _ in range(5))
@@ -117,7 +118,7 @@ def test_ramp_reaches_the_default_pose_in_ramp_time(tmp_path):
     run_clean(engine, sup, 2)
     safe = sup.last_targets.copy()
     action = engine.step(obs(2)).numpy()
-    first, _ = sup.tripped(sup.detect(joint_state(dq=(9, 0, 0)), UPRIGHT, action))
+    first, _, _ = sup.tripped(sup.detect(joint_state(dq=(9, 0, 0)), UPRIGHT, action))
     ramp = [first] + [sup.held_targets() for _ in range(5)]
     assert np.allclose(ramp[0], safe + 0.2 * (np.asarray(DEFAULT) - safe))
     assert np.array_equal(ramp[4], np.asarray(DEFAULT)) and np.array_equal(ramp[5], ramp[4])
@@ -129,11 +130,12 @@ def test_rollback_goes_further_back_per_trip_in_a_row_then_holds(tmp_path):
     assert [n for n in sup._safe] == ['safe-main-1', 'safe-main-2', 'safe-main-3']
     for _, name in ((1, 'safe-main-3'), (2, 'safe-main-2')):
         action = engine.step(obs(50)).numpy()
-        _, done = sup.tripped(sup.detect(joint_state(), tilted(1.0), action))
-        assert done == f'rollback to {name!r}' and not sup.holding
+        targets, done, trip = sup.tripped(sup.detect(joint_state(), tilted(1.0), action))
+        assert done == f'rollback to {name!r}' and not sup.holding and targets is None
+        assert trip.restored == name and trip.restored_tag == engine.input_tag()
         assert engine.step_index == engine.store.get(name).manifest.step
     action = engine.step(obs(51)).numpy()
-    _, done = sup.tripped(sup.detect(joint_state(), tilted(1.0), action))
+    _, done, _ = sup.tripped(sup.detect(joint_state(), tilted(1.0), action))
     assert done.startswith('hold (2 rollbacks in a row') and sup.holding
     assert sup.trips == 3 and len(sup.trip_capsules) == 3
 
@@ -184,3 +186,20 @@ def test_startup_fades_from_the_first_reading_to_the_policy(tmp_path):
 def test_configurations_that_cannot_work_are_refused(entries, changes, match):
     with pytest.raises(InvalidConfig, match=match):
         parse(entries, config(**changes), 3)
+
+
+def test_replaying_steps_that_tripped_once_takes_no_safe_capsule(tmp_path):
+    '''After a rollback, the steps between the safe capsule and the trip are a replay: in a
+    deterministic world they lead to the same trip, so they neither take safe capsules nor end
+    the run of trips, and the next trip goes one capsule further back.'''
+    engine, sup = make(tmp_path, ['tilt:rollback'], safety_safe_every=3)
+    run_clean(engine, sup, 8)               # safe capsules after steps 3 and 6
+    action = engine.step(obs(30)).numpy()   # step 9 trips: back to step 6, 2 steps replayed
+    assert sup.tripped(sup.detect(joint_state(), tilted(1.0), action))[1] == \
+        "rollback to 'safe-main-2'"
+    assert sup.probation == 2
+    run_clean(engine, sup, 3, start=40)     # 2 replayed + 1 new: no capsule, the run goes on
+    assert list(sup._safe) == ['safe-main-1', 'safe-main-2'] and sup.consecutive == 1
+    action = engine.step(obs(31)).numpy()
+    assert sup.tripped(sup.detect(joint_state(), tilted(1.0), action))[1] == \
+        "rollback to 'safe-main-1'"
