@@ -5,6 +5,7 @@ answers the first reading past the tilt limit is already the supervisor's (the l
 targets), within one control period, and so is every one after it; the trip is counted in
 ~/status and its capsule kept."""
 import math
+import os
 import pathlib
 import signal
 import subprocess
@@ -96,8 +97,9 @@ def test_g1_tilt_trip_acts_within_one_control_period(tmp_path):
 def _pushed_walk(tmp_path, tag, *policy_args):
     """The flashrt_sim G1 (paused lock-step, following the policy node's rollbacks) and the
     policy node, each in its own process: 100 steps of walking, a 3 m/s sideways push through
-    SetEntityState, 200 more steps. Returns (pelvis heights after each 10 steps, the safety
-    events)."""
+    SetEntityState, 200 more steps. Returns (pelvis heights after the push, every 10 steps,
+    the safety events). With FLASHRT_PUSH_LOG=<prefix>, every step's time, pelvis height, tilt
+    and trips so far go to <prefix>.<tag>.csv."""
     from flashrt_ros.msg import SafetyEvent
     from support.sim_driver import SimDriver
     log = open(tmp_path / f'{tag}.log', 'w')
@@ -118,13 +120,24 @@ def _pushed_walk(tmp_path, tag, *policy_args):
     events = []
     driver.node.create_subscription(SafetyEvent, '/flashrt_policy/safety_event',
                                     events.append, 10)
-    heights = []
+    heights, rows = [], []
+    chunk = 1 if os.environ.get('FLASHRT_PUSH_LOG') else 10     # per step for the plot
     try:
-        driver.simulate(100)
-        driver.push('pelvis', dy=3.0)
-        for _ in range(20):
-            driver.simulate(10)
-            heights.append(driver.entity('pelvis').pose.position.z)
+        for k in range(0, 300, chunk):
+            if k == 100:
+                driver.push('pelvis', dy=3.0)
+            driver.simulate(chunk)
+            pelvis = driver.entity('pelvis')
+            o, stamp = pelvis.pose.orientation, pelvis.header.stamp
+            rows.append((stamp.sec + stamp.nanosec * 1e-9, pelvis.pose.position.z,
+                         math.acos(max(-1.0, min(1.0, 1.0 - 2.0 * (o.x * o.x + o.y * o.y)))),
+                         len(events)))
+            if k >= 100:
+                heights.append(pelvis.pose.position.z)
+        if os.environ.get('FLASHRT_PUSH_LOG'):      # scripts/plot_push.py (README picture)
+            with open(f'{os.environ["FLASHRT_PUSH_LOG"]}.{tag}.csv', 'w') as f:
+                f.write('time,z,tilt,trips\n')
+                f.writelines(f'{t},{z},{a},{n}\n' for t, z, a, n in rows)
         return heights, events
     finally:
         for proc in (policy, sim):
