@@ -136,6 +136,19 @@ class ControlLoop:
         if targets is not None:
             self.robot.publish_targets(s, targets)
 
+    def _stale(self, s, seen):
+        """A stale input under a supervisor watching for it: its response latches and acts at
+        once (the held or ramping targets go out this tick)."""
+        supervisor = self.guards[s.index].supervisor
+        trip = supervisor.stale(seen) if supervisor is not None else None
+        if trip is None:
+            if supervisor is not None and supervisor.holding:
+                self._publish_held(s, supervisor)
+            return
+        self.report.safety_trip(s.label, supervisor.last_trip)
+        self.robot.publish_safety_event(s, None, trip.detector, trip.detail, trip.response, '')
+        self._publish_held(s, supervisor)
+
     def _publish_held(self, s, supervisor):
         """A held or ramping session: the policy is not stepped; the response's targets go
         out (and ~/action repeats the last action, so a lock-step world gets its answer)."""
@@ -205,9 +218,10 @@ class ControlLoop:
                     self.report.refuse(f'{s.label}missing input: no {key} received yet')
                     break
                 if key != 'command' and now - reading[2] > limit:
-                    self.report.refuse(f'{s.label}stale input: {key} is '
-                                       f'{1e3 * (now - reading[2]):.0f} ms old (max_input_age '
-                                       f'{1e3 * limit:.0f} ms)')
+                    seen = f'{key} is {1e3 * (now - reading[2]):.0f} ms old (max_input_age ' \
+                           f'{1e3 * limit:.0f} ms)'
+                    self.report.refuse(f'{s.label}stale input: {seen}')
+                    self._stale(s, seen)
                     break
             else:
                 ready.append(s)

@@ -8,8 +8,10 @@ Detectors (the parameter `safety`: entries 'detector:response'):
                   safety_joint_margin (rad)
   joint_velocity  a joint speed above safety_max_joint_velocity (one value or one per joint)
   action_rate     the policy's action changing by more than safety_max_action_rate in a step
-Stale inputs and NaN/Inf are the node's own checks (max_input_age: the step is refused;
-poison_check / on_poison: recover to the newest finite checkpoint, or hold).
+  stale           control_mode timer: a reading older than max_input_age at a tick (the step
+                  is refused as without the supervisor; hold or ramp then act on the robot)
+NaN/Inf is the node's own check (poison_check / on_poison: recover to the newest finite
+checkpoint, or hold).
 
 Responses:
   hold      publish the last safe joint targets from then on; the policy is not stepped
@@ -42,7 +44,7 @@ import numpy as np
 from .enums import Tier
 from .errors import FlashRTError, InvalidConfig
 
-DETECTORS = ('tilt', 'joint_position', 'joint_velocity', 'action_rate')
+DETECTORS = ('tilt', 'joint_position', 'joint_velocity', 'action_rate', 'stale')
 RESPONSES = ('hold', 'ramp', 'rollback', 'damp')
 
 
@@ -71,7 +73,13 @@ def parse(entries, cfg, n_joints):
             raise InvalidConfig(f'parameter \'safety\': {entry!r}: damp needs a command output '
                                 'with gains; float64_array and joint_trajectory carry none '
                                 '(use hold or ramp)')
+        if detector == 'stale' and response == 'rollback':
+            raise InvalidConfig(f"parameter 'safety': {entry!r}: a stale input is no fault of "
+                                "the policy's state: use hold or ramp")
         responses[detector] = response
+    if 'stale' in responses and cfg.control_mode != 'timer':
+        raise InvalidConfig("parameter 'safety': stale needs control_mode 'timer' (lock-step "
+                            'waits for its readings)')
     if 'joint_position' in responses and not (cfg.joint_lower_limits or cfg.joint_upper_limits):
         raise InvalidConfig("parameter 'safety': joint_position needs joint_lower_limits "
                             'and joint_upper_limits')
@@ -215,6 +223,19 @@ class Supervisor:
                 self.engine.delete(old)
             except FlashRTError:
                 pass
+
+    def stale(self, seen):
+        '''A stale input at a timer tick (no step ran): the stale response latches. Returns the
+        Trip, or None when the supervisor does not watch for stale inputs or already holds.'''
+        if 'stale' not in self.responses or self.holding:
+            return None
+        self.trips += 1
+        response = self.responses['stale']
+        start = self.last_targets if self.last_targets is not None else self.default.copy()
+        self.latched = (response, start, 0)
+        self.last_trip = f'stale: {seen} -> {response}'
+        self.log.error(f'safety trip {self.trips}: {self.last_trip}')
+        return Trip('stale', seen, response, '', '', 0)
 
     def tripped(self, trips):
         '''Acts on a step that tripped (its action not published): keeps the trip capsule, then

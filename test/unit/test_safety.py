@@ -26,7 +26,7 @@ def config(**changes):
                joint_upper_limits=[1.0], safety_joint_margin=0.1, safety_max_tilt=0.5,
                safety_max_joint_velocity=[5.0], safety_max_action_rate=2.0,
                safety_safe_every=2, safety_safe_keep=3, safety_max_rollbacks=2,
-               safety_ramp_time=0.1, safety_startup_ramp=0.0)
+               safety_ramp_time=0.1, safety_startup_ramp=0.0, control_mode='timer')
     cfg.update(changes)
     return SimpleNamespace(**cfg)
 
@@ -182,6 +182,8 @@ def test_startup_fades_from_the_first_reading_to_the_policy(tmp_path):
      'joint_position needs joint_lower_limits'),
     (['joint_velocity:hold'], dict(safety_max_joint_velocity=[1.0, 2.0]), 'one per joint'),
     (['action_rate:hold'], dict(safety_max_action_rate=0.0), 'must be > 0'),
+    (['stale:rollback'], {}, 'no fault of the policy'),
+    (['stale:hold'], dict(control_mode='lockstep'), "needs control_mode 'timer'"),
 ])
 def test_configurations_that_cannot_work_are_refused(entries, changes, match):
     with pytest.raises(InvalidConfig, match=match):
@@ -203,3 +205,14 @@ def test_replaying_steps_that_tripped_once_takes_no_safe_capsule(tmp_path):
     action = engine.step(obs(31)).numpy()
     assert sup.tripped(sup.detect(joint_state(), tilted(1.0), action))[1] == \
         "rollback to 'safe-main-1'"
+
+
+def test_a_stale_input_latches_its_response_without_a_step(tmp_path):
+    engine, sup = make(tmp_path, ['stale:ramp'])
+    run_clean(engine, sup, 2)
+    safe, step = sup.last_targets.copy(), engine.step_index
+    trip = sup.stale('imu is 250 ms old')
+    assert trip.detector == 'stale' and trip.response == 'ramp' and sup.holding
+    assert engine.step_index == step and sup.trips == 1
+    assert np.allclose(sup.held_targets(), safe + 0.2 * (np.asarray(DEFAULT) - safe))
+    assert sup.stale('again') is None and sup.trips == 1       # already holding
