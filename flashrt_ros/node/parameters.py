@@ -150,6 +150,9 @@ class NodeConfig:
                                    'orientation that trips it', low=0.0, high=3.1416)
     safety_joint_margin: float = param(0.0, 'joint_position detector: rad beyond '
                                        'joint_lower_limits / joint_upper_limits', low=0.0)
+    safety_model_file: str = param('', 'joint_position detector: an MJCF or URDF file whose '
+                                   'joint ranges are the limits (where joint_lower_limits / '
+                                   'joint_upper_limits are not set)')
     safety_max_joint_velocity: list[float] = param([], 'joint_velocity detector: rad/s, one '
                                                    'value or one per joint')
     safety_max_action_rate: float = param(0.0, 'action_rate detector: the largest change of '

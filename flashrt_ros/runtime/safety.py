@@ -4,8 +4,9 @@ and what it does when one trips. No ROS; the node's control loop calls it (node/
 Detectors (the parameter `safety`: entries 'detector:response'):
   tilt            the base's tilt from the IMU orientation (angle between the base's z axis
                   and the world's) above safety_max_tilt (rad)
-  joint_position  a joint reading outside joint_lower_limits / joint_upper_limits by more than
-                  safety_joint_margin (rad)
+  joint_position  a joint reading outside joint_lower_limits / joint_upper_limits (or, where
+                  those are not set, the joint ranges of safety_model_file: MJCF or URDF, read
+                  by MuJoCo) by more than safety_joint_margin (rad)
   joint_velocity  a joint speed above safety_max_joint_velocity (one value or one per joint)
   action_rate     the policy's action changing by more than safety_max_action_rate in a step
   stale           control_mode timer: a reading older than max_input_age at a tick (the step
@@ -80,9 +81,10 @@ def parse(entries, cfg, n_joints):
     if 'stale' in responses and cfg.control_mode != 'timer':
         raise InvalidConfig("parameter 'safety': stale needs control_mode 'timer' (lock-step "
                             'waits for its readings)')
-    if 'joint_position' in responses and not (cfg.joint_lower_limits or cfg.joint_upper_limits):
+    if 'joint_position' in responses and not (cfg.joint_lower_limits or cfg.joint_upper_limits
+                                              or cfg.safety_model_file):
         raise InvalidConfig("parameter 'safety': joint_position needs joint_lower_limits "
-                            'and joint_upper_limits')
+                            'and joint_upper_limits, or safety_model_file')
     if 'joint_velocity' in responses and len(cfg.safety_max_joint_velocity) not in (1, n_joints):
         raise InvalidConfig("parameter 'safety_max_joint_velocity': one value or one per "
                             f'joint ({n_joints}), got {list(cfg.safety_max_joint_velocity)}')
@@ -110,8 +112,11 @@ class Supervisor:
         self.joints = list(cfg.joint_names)
         self.default = np.asarray(cfg.default_angles, dtype=np.float64)
         n = len(self.joints)
-        self.lower = _limits(cfg.joint_lower_limits, n, -np.inf) - cfg.safety_joint_margin
-        self.upper = _limits(cfg.joint_upper_limits, n, np.inf) + cfg.safety_joint_margin
+        low, high = cfg.joint_lower_limits, cfg.joint_upper_limits
+        if cfg.safety_model_file and not (low or high):
+            low, high = model_limits(cfg.safety_model_file, self.joints)
+        self.lower = _limits(low, n, -np.inf) - cfg.safety_joint_margin
+        self.upper = _limits(high, n, np.inf) + cfg.safety_joint_margin
         self.max_speed = _limits(cfg.safety_max_joint_velocity, n, np.inf)
         self.trips = 0
         self.last_trip = ''
@@ -279,6 +284,26 @@ class Supervisor:
                     self.engine.input_tag(session=self.session) if restored else 0)
         return (None if restored else self.held_targets() if self.latched else start), done, \
             trip
+
+
+def model_limits(path, joints):
+    '''(lower, upper) of `joints` from a model file's joint ranges (MJCF or URDF, read by
+    MuJoCo); a joint without a range is unlimited. InvalidConfig for a joint it lacks.'''
+    import mujoco
+    try:
+        model = mujoco.MjModel.from_xml_path(str(path))
+    except ValueError as exc:
+        raise InvalidConfig(f'parameter \'safety_model_file\' = {path!r}: {exc}') from None
+    lower, upper = [], []
+    for name in joints:
+        j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
+        if j < 0:
+            raise InvalidConfig(f'parameter \'safety_model_file\' = {path!r}: no joint '
+                                f'{name!r} (joint_names)')
+        limited = bool(model.jnt_limited[j])
+        lower.append(float(model.jnt_range[j, 0]) if limited else -np.inf)
+        upper.append(float(model.jnt_range[j, 1]) if limited else np.inf)
+    return lower, upper
 
 
 def _limits(values, n, fill):

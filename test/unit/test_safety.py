@@ -4,6 +4,7 @@ before, each response does what it says, rollbacks go further back per trip in a
 in a hold, the trip capsule replays the tripping action bit for bit, and the start-up fade.
 No ROS.'''
 import math
+import pathlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +27,8 @@ def config(**changes):
                joint_upper_limits=[1.0], safety_joint_margin=0.1, safety_max_tilt=0.5,
                safety_max_joint_velocity=[5.0], safety_max_action_rate=2.0,
                safety_safe_every=2, safety_safe_keep=3, safety_max_rollbacks=2,
-               safety_ramp_time=0.1, safety_startup_ramp=0.0, control_mode='timer')
+               safety_ramp_time=0.1, safety_startup_ramp=0.0, control_mode='timer',
+               safety_model_file='')
     cfg.update(changes)
     return SimpleNamespace(**cfg)
 
@@ -216,3 +218,17 @@ def test_a_stale_input_latches_its_response_without_a_step(tmp_path):
     assert engine.step_index == step and sup.trips == 1
     assert np.allclose(sup.held_targets(), safe + 0.2 * (np.asarray(DEFAULT) - safe))
     assert sup.stale('again') is None and sup.trips == 1       # already holding
+
+
+G1 = pathlib.Path(__file__).resolve().parents[2].parent / 'shared' / 'robots' / 'unitree_g1'
+
+
+@pytest.mark.skipif(not (G1 / 'g1_12dof.xml').exists(), reason=f'needs {G1} (../shared)')
+def test_joint_limits_from_the_model_file():
+    '''safety_model_file: the MJCF's joint ranges (the G1's), by joint name.'''
+    from flashrt_ros.runtime.safety import model_limits
+    lower, upper = model_limits(G1 / 'scene.xml', ['left_hip_pitch_joint', 'left_knee_joint'])
+    assert (lower[0], upper[0]) == (-2.5307, 2.8798)        # g1_12dof.xml's range
+    assert lower[1] < upper[1]
+    with pytest.raises(InvalidConfig, match="no joint 'elbow'"):
+        model_limits(G1 / 'scene.xml', ['elbow'])
