@@ -61,21 +61,17 @@ from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float32MultiArray, Float64, Float64MultiArray
 from std_srvs.srv import Trigger
 
-from flashrt_ros import srv as fsrv
 from flashrt_ros.executors import run
 from flashrt_ros.messages import robot_messages, sim_stamp
-from flashrt_ros.msg import CapsuleInfo, SafetyEvent
+from flashrt_ros.msg import SafetyEvent
 from flashrt_ros.runtime.bundles import load_bundle
-from flashrt_ros.runtime.errors import FlashRTError
 from flashrt_ros.sim import simulation_services
 from flashrt_ros.sim.cartpole import MujocoWorld
 from flashrt_ros.sim.robot_world import RobotWorld
 from flashrt_ros.sim.world import mujoco
-from flashrt_ros.sim.world_capsules import WorldCapsules
+from flashrt_ros.sim.stepping import LOCKSTEP_MODES, PAUSED, PLAYING, Stepping
+from flashrt_ros.sim.world_capsules import CapsuleServices, WorldCapsules
 
-# simulation_interfaces/msg/SimulationState values (also where that package is not built)
-STOPPED, PLAYING, PAUSED, QUITTING, NO_WORLD, LOADING_WORLD = range(6)
-LOCKSTEP_MODES = ('command', 'steps', 'off')
 
 ROBOT_PARAMETERS = ('mjcf_path', 'kps', 'kds', 'default_angles', 'joint_names', 'sim_dt',
                     'decimation', 'clip_targets')
@@ -130,7 +126,7 @@ class _RobotTopics:
             pub.publish(msg)
 
 
-class SimNode(Node):
+class SimNode(Stepping, CapsuleServices, Node):
     """The MuJoCo cart-pole or MJCF robot world over ROS: see the module docstring."""
 
     def __init__(self, node_name='flashrt_sim', **kwargs):
@@ -205,18 +201,7 @@ class SimNode(Node):
                                      self._on_safety_event, qos, callback_group=group)
         self.create_service(Trigger, '~/reset', self.reset_callback, callback_group=group)
         self.create_service(Trigger, '~/step', self.step_callback, callback_group=group)
-        self.create_service(fsrv.Snapshot, '~/snapshot', self.snapshot_callback,
-                            callback_group=group)
-        self.create_service(fsrv.Restore, '~/restore', self.restore_callback,
-                            callback_group=group)
-        self.create_service(fsrv.SaveCapsule, '~/save_capsule', self.save_callback,
-                            callback_group=group)
-        self.create_service(fsrv.LoadCapsule, '~/load_capsule', self.load_callback,
-                            callback_group=group)
-        self.create_service(fsrv.ListCapsules, '~/list_capsules', self.list_callback,
-                            callback_group=group)
-        self.create_service(fsrv.DeleteCapsule, '~/delete_capsule', self.delete_callback,
-                            callback_group=group)
+        self.serve_capsules(group)
         standard = 'simulation_interfaces services'
         if simulation_services.available():
             self.standard = simulation_services.SimulationServices(self, group)
@@ -270,155 +255,6 @@ class SimNode(Node):
             return
         self.publish(self.world.observation() if obs is None else obs, self.world.reward())
 
-    # -- stepping -------------------------------------------------------------------------
-
-    def _step(self, command):
-        """One control period holding `command` (None: the last one). False if refused."""
-        answered = _ns(self.world.sim_time)
-        try:
-            obs, reward = self.world.step(command)
-        except ValueError as exc:
-            self.get_logger().warning(f'command refused: {exc}', throttle_duration_sec=1.0)
-            return False
-        self.held = None
-        if self.get_parameter('follow_rollbacks').value:
-            self._remember(answered)
-        if self.lockstep == 'steps' and self.sim_state != PLAYING:
-            self._published = False
-            self._publish_clock()
-        else:
-            self.publish(obs, reward)
-        return True
-
-    # -- following a policy's rollbacks (its safety supervisor) ------------------------------
-
-    def _remember(self, answered):
-        name = f'follow-{answered}'
-        self.world.snapshot(name)
-        self._history.append(answered)
-        while len(self._history) > max(1, self.get_parameter('rollback_window').value):
-            self.world.delete(f'follow-{self._history.popleft()}')
-
-    def _on_safety_event(self, msg):
-        if msg.response != 'rollback':
-            return          # a hold or ramp: the world goes on under the held commands
-        stamp = msg.restored_stamp.sec * 1_000_000_000 + msg.restored_stamp.nanosec
-        if stamp not in self._history:
-            self.get_logger().error(
-                f'policy rolled back to {msg.restored_capsule!r} (readings of '
-                f'{stamp * 1e-9:.4f} s); the world keeps no state of that moment (last '
-                f'{len(self._history)} steps: rollback_window) and goes on')
-            return
-        if self._answer is not None and not self._answer.done():
-            self._answer.set_result(('rollback', stamp, msg.restored_capsule))
-            return
-        with self.lock:
-            self._roll_back(stamp, msg.restored_capsule)
-
-    def _roll_back(self, stamp, capsule):
-        obs = self.world.restore(f'follow-{stamp}')
-        while self._history and self._history[-1] != stamp:
-            self.world.delete(f'follow-{self._history.pop()}')
-        self.get_logger().warning(f'policy rolled back to {capsule!r}: world back to '
-                                  f'{self.world.sim_time:.4f} s with it')
-        self.changed(obs)
-
-    def action_callback(self, msg):
-        command = list(msg.data)
-        if self.lockstep == 'command' and self.sim_state == PAUSED and not self.busy:
-            with self.lock:
-                self._step(command)
-            return
-        self.held = command
-        if self._answer is not None and not self._answer.done():
-            self._answer.set_result(command)
-
-    async def _answered(self):
-        """lockstep 'steps': the current readings out (once), then the command that answers
-        them; None after command_timeout."""
-        if not self._published:
-            with self.lock:
-                self.publish(self.world.observation(), self.world.reward())
-        answer = self._answer
-        if not answer.done():
-            timer = self.create_timer(self.get_parameter('command_timeout').value,
-                                      lambda: answer.done() or answer.set_result(None))
-            try:
-                await answer
-            finally:
-                self.destroy_timer(timer)
-        return answer.result()
-
-    async def advance(self, steps, what, feedback=None, cancelled=None):
-        """`steps` control periods while paused (the caller checked): (steps done, error or
-        ''). Between steps other callbacks run (a cancel, a state query)."""
-        self.busy = what
-        try:
-            for done in range(steps):
-                if cancelled is not None and cancelled():
-                    return done, 'canceled'
-                command = self.held
-                if self.lockstep == 'steps':
-                    command = await self._answered()
-                    while isinstance(command, tuple):       # the policy rolled back instead
-                        with self.lock:
-                            self._roll_back(*command[1:])
-                        command = await self._answered()
-                    if command is None:
-                        topic = '~/joint_commands' if self.robot is not None else '~/action'
-                        return done, (f'no command on {self.get_name()}/{topic[2:]} answered '
-                                      f'the readings at {self.world.sim_time:.4f} s within '
-                                      f'{self.get_parameter("command_timeout").value} s '
-                                      '(lockstep steps): is the policy running?')
-                else:
-                    await _Yield(self.executor)     # a cancel or a query may run in between
-                with self.lock:
-                    if not self._step(command):
-                        return done, 'the command was refused (see the log)'
-                if feedback is not None:
-                    feedback(done + 1)
-            return steps, ''
-        finally:
-            self.busy = ''
-
-    def _play_tick(self):
-        if self.sim_state == PLAYING and not self.busy:
-            with self.lock:
-                self._step(self.held)
-
-    def set_sim_state(self, target):
-        """simulation_interfaces SetSimulationState: (result code, message)."""
-        R, T = simulation_services.R, simulation_services.si_srv.SetSimulationState.Response
-        if target == self.sim_state:
-            return T.ALREADY_IN_TARGET_STATE, f'already in state {target}'
-        if target in (NO_WORLD, LOADING_WORLD):
-            return R.RESULT_FEATURE_UNSUPPORTED, 'worlds are not loaded or unloaded here'
-        if target not in (STOPPED, PLAYING, PAUSED, QUITTING):
-            return R.RESULT_OPERATION_FAILED, f'unknown simulation state {target}'
-        if self.busy:
-            return R.RESULT_INCORRECT_STATE, f'{self.busy} is running: cancel it first'
-        if self._play_timer is not None:
-            self.destroy_timer(self._play_timer)
-            self._play_timer = None
-        if target == QUITTING:
-            self.get_logger().info('simulation state QUITTING: the node ends')
-            once = []
-            self.create_timer(0.1, lambda: once or once.append(
-                rclpy.try_shutdown(context=self.context)))
-            return R.RESULT_OK, ''
-        self.sim_state = target
-        if target == PLAYING:
-            period = self.world.control_period / self.get_parameter('real_time_factor').value
-            self._play_timer = self.create_timer(period, self._play_tick)
-        elif target == STOPPED:
-            self.reset_world(True, True)
-        return R.RESULT_OK, ''
-
-    def reset_world(self, state=True, time=True):
-        with self.lock:
-            obs = self.world.reset_scoped(self.get_parameter('seed').value, state, time)
-            self.changed(obs)
-
     # -- the package's own services ---------------------------------------------------------
 
     def reset_callback(self, request, response):
@@ -441,105 +277,6 @@ class SimNode(Node):
         response.message = error or f'{n} steps, world step {self.world.steps}, ' \
                                     f'time {self.world.data.time:.4f} s'
         return response
-
-    def snapshot_callback(self, request, response):
-        t0 = time.perf_counter()
-        with self.lock:
-            try:
-                nbytes = self.capsules.snapshot(request.name, request.overwrite)
-            except (FlashRTError, ValueError) as exc:
-                response.success, response.message = False, str(exc)
-                return response
-            steps = self.world.steps
-        self._fill_response(response, request.name, steps, nbytes, t0)
-        response.message = f'world snapshot {request.name!r} at step {steps}'
-        return response
-
-    def restore_callback(self, request, response):
-        t0 = time.perf_counter()
-        if self.busy:
-            response.success, response.message = False, f'{self.busy} is running'
-            return response
-        with self.lock:
-            try:
-                obs = self.capsules.restore(request.name)
-            except FlashRTError as exc:
-                response.success, response.message = False, str(exc)
-                return response
-            steps = self.world.steps
-            self.changed(obs)
-        self._fill_response(response, request.name, steps, self.world.state_size * 8, t0)
-        response.message = f'world restored to {request.name!r} (step {steps})'
-        return response
-
-    def save_callback(self, request, response):
-        with self.lock:
-            try:
-                response.path, response.nbytes = self.capsules.save(request.name, request.path)
-            except FlashRTError as exc:
-                response.success, response.message = False, str(exc)
-                return response
-        response.success, response.message = True, f'world capsule saved to {response.path}'
-        return response
-
-    def load_callback(self, request, response):
-        with self.lock:
-            try:
-                name, steps, nbytes = self.capsules.load(request.path, request.name,
-                                                         request.overwrite)
-            except FlashRTError as exc:
-                response.success, response.message = False, str(exc)
-                return response
-        self._fill_response(response, name, steps, nbytes, time.perf_counter())
-        response.message = f'world capsule {name!r} loaded (restore it to use it)'
-        return response
-
-    def list_callback(self, request, response):
-        with self.lock:
-            for name, steps, nbytes in self.capsules.list():
-                info = CapsuleInfo(name=name, tier='host', step=int(steps), nbytes=int(nbytes))
-                response.capsules.append(info)
-                response.host_bytes_used += int(nbytes)
-        return response
-
-    def delete_callback(self, request, response):
-        with self.lock:
-            try:
-                self.capsules.delete(request.name)
-            except FlashRTError as exc:
-                response.success, response.message = False, str(exc)
-                return response
-        response.success, response.message = True, f'world capsule {request.name!r} deleted'
-        return response
-
-    def _fill_response(self, response, name, steps, nbytes, t0):
-        response.success = True
-        if hasattr(response, 'latency_us'):
-            response.latency_us = (time.perf_counter() - t0) * 1e6
-        response.capsule.name = name
-        response.capsule.tier = 'host'
-        response.capsule.step = int(steps)
-        response.capsule.nbytes = int(nbytes)
-        response.capsule.stamp = self.get_clock().now().to_msg()
-
-
-def _ns(seconds):
-    """Simulation time as the integer nanoseconds its readings' stamps carry."""
-    stamp = sim_stamp(seconds)
-    return stamp.sec * 1_000_000_000 + stamp.nanosec
-
-
-class _Yield:
-    """Awaitable: hands the executor one turn (woken at once), so that a cancel request or a
-    query runs between two steps of a long SimulateSteps goal."""
-
-    def __init__(self, executor):
-        self.executor = executor
-
-    def __await__(self):
-        if self.executor is not None:
-            self.executor.wake()
-        yield
 
 
 def make_sim_node(node_name='flashrt_sim', **kwargs):

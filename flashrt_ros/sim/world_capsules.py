@@ -15,10 +15,13 @@ import time
 import numpy as np
 import torch
 
+from flashrt_ros import srv as fsrv
+from flashrt_ros.msg import CapsuleInfo
 from flashrt_ros.runtime.capsule_file import Manifest, read_file, write_file
 from flashrt_ros.runtime.capsule_names import CapsuleNames
 from flashrt_ros.runtime.enums import Tier
-from flashrt_ros.runtime.errors import CapsuleExists, IncompatibleCapsule, UnknownCapsule
+from flashrt_ros.runtime.errors import (
+    CapsuleExists, FlashRTError, IncompatibleCapsule, UnknownCapsule)
 from flashrt_ros.sim.world import mujoco
 
 
@@ -94,3 +97,99 @@ class WorldCapsules:
         self._new(name, overwrite)
         self.world.load_snapshot_bytes(name, data.numpy().tobytes())
         return name, manifest.step, manifest.nbytes
+
+
+class CapsuleServices:
+    """SimNode's world capsule services (a mixin): ~/snapshot, ~/restore, ~/save_capsule,
+    ~/load_capsule, ~/list_capsules, ~/delete_capsule, with this package's capsule service
+    types. The node provides capsules (WorldCapsules), world, lock, busy and changed()."""
+
+    def serve_capsules(self, group):
+        for name, srv_type, callback in (
+                ('snapshot', fsrv.Snapshot, self.snapshot_callback),
+                ('restore', fsrv.Restore, self.restore_callback),
+                ('save_capsule', fsrv.SaveCapsule, self.save_callback),
+                ('load_capsule', fsrv.LoadCapsule, self.load_callback),
+                ('list_capsules', fsrv.ListCapsules, self.list_callback),
+                ('delete_capsule', fsrv.DeleteCapsule, self.delete_callback)):
+            self.create_service(srv_type, f'~/{name}', callback, callback_group=group)
+
+    def snapshot_callback(self, request, response):
+        t0 = time.perf_counter()
+        with self.lock:
+            try:
+                nbytes = self.capsules.snapshot(request.name, request.overwrite)
+            except (FlashRTError, ValueError) as exc:
+                response.success, response.message = False, str(exc)
+                return response
+            steps = self.world.steps
+        self._fill_response(response, request.name, steps, nbytes, t0)
+        response.message = f'world snapshot {request.name!r} at step {steps}'
+        return response
+
+    def restore_callback(self, request, response):
+        t0 = time.perf_counter()
+        if self.busy:
+            response.success, response.message = False, f'{self.busy} is running'
+            return response
+        with self.lock:
+            try:
+                obs = self.capsules.restore(request.name)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+            steps = self.world.steps
+            self.changed(obs)
+        self._fill_response(response, request.name, steps, self.world.state_size * 8, t0)
+        response.message = f'world restored to {request.name!r} (step {steps})'
+        return response
+
+    def save_callback(self, request, response):
+        with self.lock:
+            try:
+                response.path, response.nbytes = self.capsules.save(request.name, request.path)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+        response.success, response.message = True, f'world capsule saved to {response.path}'
+        return response
+
+    def load_callback(self, request, response):
+        with self.lock:
+            try:
+                name, steps, nbytes = self.capsules.load(request.path, request.name,
+                                                         request.overwrite)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+        self._fill_response(response, name, steps, nbytes, time.perf_counter())
+        response.message = f'world capsule {name!r} loaded (restore it to use it)'
+        return response
+
+    def list_callback(self, request, response):
+        with self.lock:
+            for name, steps, nbytes in self.capsules.list():
+                info = CapsuleInfo(name=name, tier='host', step=int(steps), nbytes=int(nbytes))
+                response.capsules.append(info)
+                response.host_bytes_used += int(nbytes)
+        return response
+
+    def delete_callback(self, request, response):
+        with self.lock:
+            try:
+                self.capsules.delete(request.name)
+            except FlashRTError as exc:
+                response.success, response.message = False, str(exc)
+                return response
+        response.success, response.message = True, f'world capsule {request.name!r} deleted'
+        return response
+
+    def _fill_response(self, response, name, steps, nbytes, t0):
+        response.success = True
+        if hasattr(response, 'latency_us'):
+            response.latency_us = (time.perf_counter() - t0) * 1e6
+        response.capsule.name = name
+        response.capsule.tier = 'host'
+        response.capsule.step = int(steps)
+        response.capsule.nbytes = int(nbytes)
+        response.capsule.stamp = self.get_clock().now().to_msg()
