@@ -232,3 +232,46 @@ def test_joint_limits_from_the_model_file():
     assert lower[1] < upper[1]
     with pytest.raises(InvalidConfig, match="no joint 'elbow'"):
         model_limits(G1 / 'scene.xml', ['elbow'])
+
+
+FRESH = '''
+import sys, numpy as np, torch
+from flashrt_ros.runtime.engine import PolicyEngine
+from flashrt_ros.runtime.policies import make_policy
+device, directory, path = sys.argv[1:4]
+engine = PolicyEngine(make_policy('recurrent', 6, 3, seed=0, rnn_hidden_dim=8), device=device,
+                      cuda_graph=device == 'cuda', capsule_dir=directory)
+engine.load(path, name='trip')
+engine.restore('trip')
+obs = torch.randn(6, generator=torch.Generator().manual_seed(103))
+print(engine.step(obs).cpu().numpy().tobytes().hex())
+'''
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)])
+def test_trip_capsule_replays_8_times_and_in_a_fresh_process(tmp_path, device):
+    '''On the device the engine runs on (CUDA: with its captured graph): the trip capsule,
+    restored 8 times and in a fresh process from its file, gives the tripping action bit for
+    bit, and a rollback restores the safe capsule's bytes.'''
+    import subprocess
+    import sys
+    if device == 'cuda' and not torch.cuda.is_available():
+        pytest.skip('CUDA is not available')
+    cfg = config()
+    policy = make_policy('recurrent', 6, 3, seed=0, rnn_hidden_dim=8)
+    engine = PolicyEngine(policy, device=device, cuda_graph=device == 'cuda',
+                          capsule_dir=str(tmp_path))
+    sup = Supervisor(engine, None, cfg, parse(['tilt:rollback'], cfg, 3), PERIOD, Log())
+    run_clean(engine, sup, 2)                     # one safe capsule
+    tripping = engine.step(obs(3)).cpu().numpy()
+    _, done, trip = sup.tripped(sup.detect(joint_state(), tilted(1.0), tripping))
+    assert done == "rollback to 'safe-main-1'"
+    assert engine.step_index == 2
+    for _ in range(8):
+        engine.restore(trip.trip_capsule)
+        assert np.array_equal(engine.step(obs(3)).cpu().numpy(), tripping)
+    path = engine.save(trip.trip_capsule).path
+    out = subprocess.run([sys.executable, '-c', FRESH, device, str(tmp_path), path],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert bytes.fromhex(out.stdout.strip().splitlines()[-1]) == tripping.tobytes()
