@@ -11,7 +11,7 @@ source "$ROOT/tools/env.sh"
 set -u
 export ROS_AUTOMATIC_DISCOVERY_RANGE=${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}
 capsules=$(mktemp -d)
-prefix=$(python -c 'import os; print(os.environ["AMENT_PREFIX_PATH"].split(":")[0])')
+prefix=$(python -c 'from ament_index_python.packages import get_package_prefix; print(get_package_prefix("flashrt_ros"))')
 "$prefix/lib/flashrt_ros/policy_node" --ros-args \
   --params-file "$prefix/share/flashrt_ros/config/policy.yaml" \
   -p capsule_dir:="$capsules" "$@" &
