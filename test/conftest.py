@@ -33,23 +33,30 @@ def _cuda_available():
 _domain_lock = None      # held open for the whole test session
 
 
+def _lock_domain(domain):
+    """Holds domain's lock file until this process exits (the kernel drops the lock when the
+    process dies, so a killed run frees its id); False when another run holds it."""
+    global _domain_lock
+    path = os.path.join(tempfile.gettempdir(), f'flashrt_ros_test_domain_{domain}.lock')
+    handle = open(path, 'a')
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    _domain_lock = handle
+    return True
+
+
 def _claim_domain():
     """A DDS domain id no other test run on this machine holds: each id has a lock file, and
-    a run keeps the one it claims locked until it exits (the kernel drops the lock when the
-    process dies, so a killed run frees its id). Random order: runs seldom race for one id."""
-    global _domain_lock
+    a run keeps the one it claims locked until it exits. Random order: runs seldom race for
+    one id."""
     ids = list(range(1, 102))       # Fast DDS's default port mapping allows 0-232; keep clear
     random.shuffle(ids)
     for domain in ids:
-        path = os.path.join(tempfile.gettempdir(), f'flashrt_ros_test_domain_{domain}.lock')
-        handle = open(path, 'a')
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            continue
-        _domain_lock = handle
-        return str(domain)
+        if _lock_domain(domain):
+            return str(domain)
     raise RuntimeError('every ROS domain id 1-101 is held by another test run on this machine')
 
 
@@ -59,6 +66,13 @@ def pytest_configure(config):
     # developer pinning one), but then the caller keeps parallel runs apart.
     if not os.environ.get('ROS_DOMAIN_ID'):
         os.environ['ROS_DOMAIN_ID'] = _claim_domain()
+    elif os.environ['ROS_DOMAIN_ID'].isdigit() and \
+            not _lock_domain(int(os.environ['ROS_DOMAIN_ID'])):
+        # a pinned id is locked too, so that a run that claims one at random never takes it:
+        # two runs in one domain call each other's nodes (the likely cause of a G1 test's
+        # lifecycle call that timed out in a CI run beside pinned-domain runs)
+        print(f'warning: ROS_DOMAIN_ID {os.environ["ROS_DOMAIN_ID"]} is held by another test '
+              'run on this machine: their nodes can reach each other', file=sys.stderr)
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
 
 
