@@ -127,7 +127,7 @@ def make(ros, tmp_path):
     return factory
 
 
-G1 = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
+from support.robots import G1  # noqa: E402 - test/ is on sys.path from here on
 
 
 @pytest.fixture(scope='module')

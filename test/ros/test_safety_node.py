@@ -3,7 +3,6 @@
 detector, and the node then publishes the held targets every tick; ~/status counts the trip,
 ~/safety_event reports it, /diagnostics carries it as an ERROR; ~/reset_episode ends the hold
 (and, the readings still stale, the next tick trips again)."""
-import pathlib
 import threading
 
 import numpy as np
@@ -19,12 +18,9 @@ from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
 from flashrt_ros.msg import SafetyEvent  # noqa: E402
 from flashrt_ros.node.policy_node import PolicyNode  # noqa: E402
 from support.common import wait_for  # noqa: E402
+from support.robots import G1 as ROBOT, G1_YAML, NEEDS_G1  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
-pytestmark = [pytest.mark.ros, pytest.mark.skipif(
-    not (ROBOT / 'motion.pt').exists(), reason=f'needs the Unitree G1 assets in {ROBOT} '
-    '(../shared, absent in a fresh clone)')]
+pytestmark = [pytest.mark.ros, NEEDS_G1]
 
 
 class _Topics:
@@ -47,7 +43,7 @@ class _Topics:
 def test_stale_readings_trip_the_supervisor_and_the_targets_are_held(ros, tmp_path):
     name = '/flashrt_policy'
     node = PolicyNode('flashrt_policy', cli_args=[
-        '--ros-args', '--params-file', str(ROOT / 'config' / 'g1.yaml'),
+        '--ros-args', '--params-file', str(G1_YAML),
         '-p', f'policy_file:={ROBOT / "motion.pt"}', '-p', 'device:=cpu',
         '-p', f'capsule_dir:={tmp_path}', '-p', 'control_mode:=timer',
         '-p', 'max_input_age:=0.2', '-p', 'status_period:=0.1',

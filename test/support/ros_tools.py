@@ -4,6 +4,8 @@ at import: the skip marks must work where ROS is absent."""
 import os
 import pathlib
 import shutil
+import signal
+import subprocess
 
 import pytest
 
@@ -29,3 +31,17 @@ def installed_executable(name):
             return str(exe)
     raise FileNotFoundError(f'{name} is not installed on AMENT_PREFIX_PATH: run tools/test.sh '
                             '(it builds the package and sources tools/env.sh)')
+
+
+def stop_gently(proc, timeout=30.0):
+    """Ends a node process started by a test: SIGINT (its shutdown transition runs and its
+    endpoints leave the graph, so the next node of that name starts clean), SIGKILL if it is
+    still there after `timeout` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

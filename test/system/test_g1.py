@@ -6,7 +6,6 @@ and the node killed with SIGKILL mid-walk, restarted with restore_on_start: late
 """
 from functools import partial
 import os
-import pathlib
 import signal
 import subprocess
 import threading
@@ -27,14 +26,10 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
 from flashrt_ros.client import spin_in_thread  # noqa: E402
 from flashrt_ros.harness.episode_runner import declare_parameters, run_episodes  # noqa: E402
 from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
+from support.robots import G1 as ROBOT, G1_YAML, NEEDS_G1  # noqa: E402
 from support.ros_tools import installed_executable  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
-G1_YAML = ROOT / 'config' / 'g1.yaml'
-pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
-                                reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
-                                'absent in a fresh clone)')
+pytestmark = NEEDS_G1
 # deploy_mujoco.py: default_angles = np.array(config['default_angles'], dtype=np.float32)
 DEFAULT = np.array([-0.1, 0.0, 0.0, 0.3, -0.2, 0.0, -0.1, 0.0, 0.0, 0.3, -0.2, 0.0],
                    dtype=np.float32)

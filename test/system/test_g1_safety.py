@@ -6,8 +6,6 @@ targets), within one control period, and so is every one after it; the trip is c
 ~/status and its capsule kept."""
 import math
 import os
-import pathlib
-import signal
 import subprocess
 
 import numpy as np
@@ -18,13 +16,10 @@ from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
 from flashrt_ros.harness.links import RobotLink  # noqa: E402
 from flashrt_ros.sim.robot_world import load_upstream_config, upstream_world  # noqa: E402
 from support.common import wait_for  # noqa: E402
-from support.ros_tools import installed_executable  # noqa: E402
+from support.robots import G1 as ROBOT, G1_YAML, NEEDS_G1  # noqa: E402
+from support.ros_tools import installed_executable, stop_gently  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
-pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
-                                reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
-                                'absent in a fresh clone)')
+pytestmark = NEEDS_G1
 PUSH_AT, STEPS, MAX_TILT = 100, 250, 0.5
 
 
@@ -34,7 +29,7 @@ def _walk(tmp_path, tag, *policy_args):
     log = open(tmp_path / f'{tag}.log', 'w')
     policy = subprocess.Popen([
         installed_executable('policy_node'), '--ros-args', '--params-file',
-        str(ROOT / 'config' / 'g1.yaml'), '-p', f'policy_file:={ROBOT / "motion.pt"}',
+        str(G1_YAML), '-p', f'policy_file:={ROBOT / "motion.pt"}',
         '-p', 'device:=cpu', '-p', f'capsule_dir:={tmp_path / tag}', '-p', 'status_period:=0.2',
         *policy_args], stdout=log,
         stderr=subprocess.STDOUT)
@@ -64,12 +59,7 @@ def _walk(tmp_path, tag, *policy_args):
                      what='a status after the walk')
         return np.array(tilts), targets, heights, client.last_status
     finally:
-        policy.send_signal(signal.SIGINT)     # a clean exit: no endpoints left for the next
-        try:
-            policy.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            policy.kill()
-            policy.wait()
+        stop_gently(policy)     # a clean exit: no endpoints left for the next walk's node
         spinner.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
@@ -103,7 +93,7 @@ def _pushed_walk(tmp_path, tag, *policy_args):
     from flashrt_ros.msg import SafetyEvent
     from support.sim_driver import SimDriver
     log = open(tmp_path / f'{tag}.log', 'w')
-    g1 = ['--params-file', str(ROOT / 'config' / 'g1.yaml')]
+    g1 = ['--params-file', str(G1_YAML)]
     sim = subprocess.Popen([
         installed_executable('sim_node'), '--ros-args', *g1,
         '-p', f'mjcf_path:={ROBOT / "scene.xml"}', '-p', 'lockstep:=steps',
@@ -141,12 +131,7 @@ def _pushed_walk(tmp_path, tag, *policy_args):
         return heights, events
     finally:
         for proc in (policy, sim):
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_gently(proc)
         driver.close()
         rclpy.try_shutdown()
 

@@ -17,7 +17,7 @@ from flashrt_ros.client import PolicyClient, spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.capsule_file import read_file  # noqa: E402
 from support.common import obs_range, wait_for  # noqa: E402
 from support.nodes import RECURRENT, reference_actions  # noqa: E402
-from support.ros_tools import installed_executable  # noqa: E402
+from support.ros_tools import installed_executable, stop_gently  # noqa: E402
 
 
 def _node_process(params, domain):
@@ -92,12 +92,7 @@ def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
         assert [client.step(o) for o in observations[20:25]] == ref[20:25]
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_gently(p, timeout=10)
         executor.shutdown()
         client_node.destroy_node()
         rclpy.shutdown()

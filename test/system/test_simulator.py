@@ -4,7 +4,6 @@ between two SimulateSteps goals that resumes from its checkpoint file, the walk 
 exactly as without the kill. Needs ../shared (the G1 assets, simulation_interfaces, ros2).
 """
 import os
-import pathlib
 import signal
 import subprocess
 import time
@@ -21,14 +20,8 @@ from simulation_interfaces.srv import ResetSimulation, SetSimulationState  # noq
 
 from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.recovery import checkpoint_sequence  # noqa: E402
+from support.robots import G1 as ROBOT, G1_YAML, NEEDS_G1  # noqa: E402
 from support.sim_driver import SimDriver  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
-G1_YAML = ROOT / 'config' / 'g1.yaml'
-NEEDS_G1 = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
-                              reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
-                              'absent in a fresh clone)')
 
 
 def test_quitting_ends_the_world_node(tmp_path):

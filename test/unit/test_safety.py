@@ -4,7 +4,6 @@ before, each response does what it says, rollbacks go further back per trip in a
 in a hold, the trip capsule replays the tripping action bit for bit, and the start-up fade.
 No ROS.'''
 import math
-import pathlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +14,7 @@ from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.policies import make_policy
 from flashrt_ros.runtime.safety import parse, Supervisor, tilt
+from support.robots import G1, NEEDS_G1
 
 JOINTS = ['a', 'b', 'c']
 DEFAULT = [0.1, -0.2, 0.3]
@@ -220,10 +220,7 @@ def test_a_stale_input_latches_its_response_without_a_step(tmp_path):
     assert sup.stale('again') is None and sup.trips == 1       # already holding
 
 
-G1 = pathlib.Path(__file__).resolve().parents[2].parent / 'shared' / 'robots' / 'unitree_g1'
-
-
-@pytest.mark.skipif(not (G1 / 'g1_12dof.xml').exists(), reason=f'needs {G1} (../shared)')
+@NEEDS_G1
 def test_joint_limits_from_the_model_file():
     '''safety_model_file: the MJCF's joint ranges (the G1's), by joint name.'''
     from flashrt_ros.runtime.safety import model_limits

@@ -14,7 +14,6 @@ no_grad, so the end-to-end test runs the transcription under no_grad too; the fa
 (autograd on) loop is checked term by term: the node's observation and joint targets from
 that loop's own readings and actions.
 '''
-import pathlib
 
 import numpy as np
 import pytest
@@ -24,14 +23,11 @@ import yaml
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.observation import JointTargets, ObservationLayout
 from flashrt_ros.runtime.policies import make_policy
+from support.robots import G1 as ROBOT, G1_YAML, NEEDS_G1
 
 mujoco = pytest.importorskip('mujoco', reason='needs mujoco (the G1 world)')
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-ROBOT = ROOT.parent / 'shared' / 'robots' / 'unitree_g1'
-pytestmark = pytest.mark.skipif(not (ROBOT / 'motion.pt').exists(),
-                                reason=f'needs the Unitree G1 assets in {ROBOT} (../shared, '
-                                'absent in a fresh clone)')
+pytestmark = NEEDS_G1
 CONTROL_STEPS = 300         # 6 s of walking at 50 Hz
 
 
@@ -108,7 +104,7 @@ def _vendor_loop(steps):
 
 def g1_settings():
     '''The policy node's settings from config/g1.yaml (its section, then the robot's).'''
-    files = yaml.safe_load((ROOT / 'config' / 'g1.yaml').read_text())
+    files = yaml.safe_load(G1_YAML.read_text())
     return {**files['/**/flashrt_policy']['ros__parameters'], **files['/**']['ros__parameters']}
 
 
