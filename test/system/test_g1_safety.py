@@ -108,11 +108,16 @@ def _pushed_walk(tmp_path, tag, *policy_args):
     rclpy.init()
     driver = SimDriver()
     events = []
-    driver.node.create_subscription(SafetyEvent, '/flashrt_policy/safety_event',
-                                    events.append, 10)
+    watch = driver.node.create_subscription(SafetyEvent, '/flashrt_policy/safety_event',
+                                            events.append, 10)
     heights, rows = [], []
     chunk = 1 if os.environ.get('FLASHRT_PUSH_LOG') else 10     # per step for the plot
     try:
+        if any('safety:=' in a for a in policy_args):
+            # an event published before this subscription matched would reach nobody (the
+            # walk can trip within a second of its start): matched first
+            wait_for(lambda: watch.get_publisher_count() > 0, 120.0,
+                     what="the policy node's ~/safety_event")
         for k in range(0, 300, chunk):
             if k == 100:
                 driver.push('pelvis', dy=3.0)
