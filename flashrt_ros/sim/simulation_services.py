@@ -59,8 +59,8 @@ def _result(response, code, message=''):
     return response
 
 
-def _fill_state(out, world, name, stamp):
-    pos, quat, lin, ang, lin_acc, ang_acc = world.entity_state(name)
+def _fill_state(out, state, stamp):
+    pos, quat, lin, ang, lin_acc, ang_acc = state
     out.header.frame_id, out.header.stamp = 'world', stamp
     p, q = out.pose.position, out.pose.orientation
     p.x, p.y, p.z = (float(v) for v in pos)
@@ -214,7 +214,8 @@ class SimulationServices:
             if request.entity not in world.entities():
                 return _result(response, R.RESULT_NOT_FOUND,
                                f'no entity named {request.entity!r}')
-            _fill_state(response.state, world, request.entity, sim_stamp(world.sim_time))
+            _fill_state(response.state, world.entity_state(request.entity),
+                        sim_stamp(world.sim_time))
         return _result(response, R.RESULT_OK)
 
     def get_entities_states(self, request, response):
@@ -225,8 +226,8 @@ class SimulationServices:
             world = self.sim.world
             stamp = sim_stamp(world.sim_time)
             response.entities = names
-            response.states = [_fill_state(si_msg.EntityState(), world, n, stamp)
-                               for n in names]
+            response.states = [_fill_state(si_msg.EntityState(), state, stamp)
+                               for state in world.entity_states(names)]
         return _result(response, R.RESULT_OK)
 
     def set_entity_state(self, request, response):

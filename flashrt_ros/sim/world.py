@@ -160,30 +160,37 @@ class MujocoSnapshots(World):
         linear velocity of the body frame's origin [3], angular velocity [3], linear and angular
         acceleration [3] each). A free body's position, quaternion and linear velocity are its
         joint's own qpos/qvel values (so setting back what was read changes nothing)."""
-        m, d = self.model, self.data
-        body = self._body(name)
-        free = self._free_joint(body)
+        return self.entity_states([name])[0]
+
+    def entity_states(self, names):
+        """entity_state of each name, the derived quantities computed once for all."""
+        bodies = [self._body(name) for name in names]
         # positions, frames and velocities of the state as it is: mj_step leaves those of the
         # state before its last integration in data. Derived quantities only: the integration
         # state, and so the trajectory, stay as they were.
-        mujoco.mj_forward(m, d)
+        mujoco.mj_forward(self.model, self.data)
+        mujoco.mj_rnePostConstraint(self.model, self.data)     # cacc, for the accelerations
+        return [self._body_state(body) for body in bodies]
+
+    def _body_state(self, body):
+        m, d = self.model, self.data
+        free, slides = self._free_joint(body), self._slide_joints(body)
         rot = d.xmat[body].reshape(3, 3)
         if free is not None:
             q, v = m.jnt_qposadr[free], m.jnt_dofadr[free]
             pos, quat = d.qpos[q:q + 3].copy(), d.qpos[q + 3:q + 7].copy()
             lin, ang = d.qvel[v:v + 3].copy(), rot @ d.qvel[v + 3:v + 6]
-        elif self._slide_joints(body):
+        elif slides:
             # a slide body's velocity straight from its joints: setting back what was read
             # (or that plus a push) leaves the other digits as they were
             pos, quat = d.xpos[body].copy(), d.xquat[body].copy()
-            lin, ang = self._slide_velocity(self._slide_joints(body)), np.zeros(3)
+            lin, ang = self._slide_velocity(slides), np.zeros(3)
         else:
             pos, quat = d.xpos[body].copy(), d.xquat[body].copy()
             vel = np.empty(6)
             # XBODY: at the body's frame origin (BODY would be its centre of mass)
             mujoco.mj_objectVelocity(m, d, mujoco.mjtObj.mjOBJ_XBODY, body, vel, 0)
             ang, lin = vel[:3], vel[3:]
-        mujoco.mj_rnePostConstraint(m, d)     # cacc, for the accelerations
         acc = np.empty(6)
         mujoco.mj_objectAcceleration(m, d, mujoco.mjtObj.mjOBJ_XBODY, body, acc, 0)
         # cacc carries gravity as an upward acceleration (MuJoCo's convention): remove it
