@@ -67,7 +67,7 @@ class SimulatorWorld:
         if missing:
             raise RuntimeError(f'the simulator at {self.prefix} lacks features the runner '
                                f'needs: {", ".join(missing)}')
-        self.exact = self._has_service('snapshot') and self._has_service('restore')
+        self.exact = self._has_services('snapshot', 'restore')
         self.push_entity = push_entity
         if push_direction not in ('x', 'y', 'z'):
             raise ValueError(f"push_direction must be 'x', 'y' or 'z', got {push_direction!r}")
@@ -89,11 +89,13 @@ class SimulatorWorld:
 
     # -- calls ----------------------------------------------------------------------------
 
-    def _has_service(self, name):
-        want = f'{self.prefix}/{name}'
+    def _has_services(self, *names):
+        """Whether the simulator offers all of these services (waiting up to 5 s for them
+        to show in the graph)."""
+        want = {f'{self.prefix}/{name}' for name in names}
         deadline = time.monotonic() + min(self.timeout, 5.0)
         while time.monotonic() < deadline:
-            if any(n == want for n, _ in self.node.get_service_names_and_types()):
+            if want <= {n for n, _ in self.node.get_service_names_and_types()}:
                 return True
             time.sleep(0.05)
         return False
