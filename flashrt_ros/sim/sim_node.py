@@ -196,6 +196,7 @@ class SimNode(Stepping, CapsuleServices, Node):
         # the step's command answered, so that a policy's rollback takes the world back too
         self._history = deque()
         followed = p('follow_rollbacks').value
+        self._following = bool(followed)    # read once: the subscription is made here only
         if followed:
             self.create_subscription(SafetyEvent, f'{followed.rstrip("/")}/safety_event',
                                      self._on_safety_event, qos, callback_group=group)

@@ -7,7 +7,7 @@ rolls back).
 
 The node provides world, lock, publish(), changed(), _publish_clock(), robot, lockstep and the
 attributes __init__ of SimNode sets (sim_state, busy, held, _answer, _published, _play_timer,
-_history).
+_history, _following).
 """
 import rclpy
 
@@ -33,7 +33,7 @@ class Stepping:
             self.get_logger().warning(f'command refused: {exc}', throttle_duration_sec=1.0)
             return False
         self.held = None
-        if self.get_parameter('follow_rollbacks').value:
+        if self._following:
             self._remember(answered)
         if self.lockstep == 'steps' and self.sim_state != PLAYING:
             self._published = False
