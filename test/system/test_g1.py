@@ -18,7 +18,7 @@ rclpy = pytest.importorskip('rclpy', reason='needs rclpy (ROS 2 Jazzy): run tool
 import torch  # noqa: E402
 from geometry_msgs.msg import PoseStamped  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402
-from lifecycle_msgs.srv import ChangeState  # noqa: E402
+from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Imu, JointState  # noqa: E402
 from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
@@ -202,13 +202,54 @@ def _stop(*procs):
             proc.wait()
 
 
+_TARGET = {Transition.TRANSITION_CONFIGURE: ('unconfigured', 'inactive'),
+           Transition.TRANSITION_ACTIVATE: ('inactive', 'active')}
+
+
+def _state(node, procs):
+    """The policy node's lifecycle state label (~/get_state), or None when no answer came."""
+    client = node.create_client(GetState, '/flashrt_policy/get_state')
+    try:
+        _wait(client.service_is_ready, 30, procs, 'the policy node\'s get_state')
+        future = client.call_async(GetState.Request())
+        _wait(future.done, 10, procs, 'get_state')
+        return future.result().current_state.label
+    except TimeoutError:
+        return None
+    finally:
+        node.destroy_client(client)
+
+
 def _transition(node, transition_id, procs):
-    """A lifecycle transition of the policy node (started with autostart:=false)."""
+    """A lifecycle transition of the policy node (started with autostart:=false).
+
+    The server being in the graph does not mean it has matched this client yet: a request
+    sent before that reaches nobody (seen in clean-clone CI runs: the node never configured,
+    nothing in its log). So when no answer comes in 15 s, the node's state says whether the
+    transition ran, and the request is sent again only if it did not."""
+    before, after = _TARGET[transition_id]
     client = node.create_client(ChangeState, '/flashrt_policy/change_state')
     _wait(client.service_is_ready, 120, procs, 'the policy node up (see nodes.log)')
-    future = client.call_async(ChangeState.Request(transition=Transition(id=transition_id)))
-    _wait(future.done, 60, procs, f'lifecycle transition {transition_id}')
-    assert future.result().success, f'lifecycle transition {transition_id} failed'
+    deadline = time.monotonic() + 120
+    while True:
+        future = client.call_async(ChangeState.Request(transition=Transition(id=transition_id)))
+        try:
+            _wait(future.done, 15, procs, f'lifecycle transition {transition_id}')
+        except TimeoutError:
+            state = _state(node, procs)
+            while (state not in (before, after) or time.monotonic() > deadline) and \
+                    not future.done():
+                # in the middle of the transition, or no answer yet: neither resend nor give up
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f'lifecycle transition {transition_id}: not within '
+                                       f'120 s (state {state!r}); see the logs') from None
+                state = _state(node, procs)
+            if not future.done():
+                if state == after:
+                    return          # it ran; its answer was what got lost
+                continue            # it did not run: the request got lost; send it again
+        assert future.result().success, f'lifecycle transition {transition_id} failed'
+        return
 
 
 @pytest.mark.slow
