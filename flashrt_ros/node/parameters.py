@@ -140,6 +140,11 @@ class NodeConfig:
     batch_sessions: bool = param(False, 'compute all sessions as one batch (mlp/recurrent '
                                  'weights only): faster, but actions then match a '
                                  'single-session run to float rounding, not bit for bit')
+    kernels: str = param('default', "default: the exporter's kernels (cuBLAS, cuDNN, MKL); "
+                         'batch_invariant: each session computed as if alone (mlp/recurrent '
+                         'weights only), so sessions step as one batch and stay bit for bit a '
+                         'single-session node on the same kernels. Part of the model digest',
+                         choices=('default', 'batch_invariant'))
     restore_on_start: str = param('', "'' | latest | a capsule file in capsule_dir, restored "
                                   'at configure so a restarted process resumes')
     safety: list[str] = param([], "terms: the safety supervisor, entries 'detector:response'"

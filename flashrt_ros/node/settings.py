@@ -49,6 +49,7 @@ def build_engine(settings, clock=time.time):
     cfg, layout = settings.node, settings.layout
     policy = build_policy(settings.policy, device='cpu',
                           term_history=layout.term_history() if layout else None)
+    policy.set_kernels(cfg.kernels)
     return PolicyEngine(policy, device=settings.device, cuda_graph=cfg.cuda_graph,
                         sessions=cfg.sessions, session_names=settings.session_names or None,
                         batch_sessions=cfg.batch_sessions, rollback_depth=cfg.rollback_depth,

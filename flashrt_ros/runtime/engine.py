@@ -20,6 +20,9 @@ for all sessions: far fewer kernels), which BLAS libraries round differently fro
 one: actions then agree with single-session runs to float rounding, not bit for bit, and may
 differ in the last bits between sessions given the same state (the row of a product can
 change its rounding). Each session's actions still never depend on another session's state.
+A policy on batch-invariant kernels (policy.set_kernels('batch_invariant'), invariant.py)
+steps a fleet as one batch and exactly: every session bit for bit a single-session engine on
+the same kernels (checked on this machine at construction, invariant.verify).
 """
 
 from collections import deque
@@ -35,8 +38,9 @@ from .capsule import CapsuleStore
 from .capsule_ops import CapsuleOps, EPISODE_START
 from .enums import Growth, Tier
 from .errors import CapacityExceeded, InvalidConfig, InvalidObservation
+from .policies.invariant import verify
 from .ring import RollbackRing
-from .sessions import Sessions
+from .sessions import Session, Sessions
 from .state import BufferSpec, META_TAG, StateArena
 from .step import as_observations, as_tag, StepProgram
 from .transfer import Timer, Transfer
@@ -87,8 +91,14 @@ class PolicyEngine:
         self.ring = RollbackRing(self.arena, rollback_depth, self.transfer)
         self.model_digest = policy.model_digest()
         self.obs_dim, self.act_dim = int(policy.obs_dim), int(policy.act_dim)
+        invariant = getattr(policy, 'kernels', 'default') == 'batch_invariant'
+        if invariant and self.sessions > 1:
+            verify(self.policy, self.sessions, self.device)
+        # exact: every session's actions bit for bit a single-session engine's (same kernels)
+        self.exact = self.sessions == 1 or invariant or not batch_sessions
         self.program = StepProgram(self.policy, self.arena, self.ring, self.transfer,
-                                   batched=batch_sessions, last_action=last_action,
+                                   batched=batch_sessions or (invariant and self.sessions > 1),
+                                   last_action=last_action,
                                    cuda_graph=cuda_graph, debug=debug)
         self.graph_captured = self.program.captured
         self.last_step_finite = True    # the flag of the latest step (see verdict in recovery)
@@ -155,7 +165,7 @@ class PolicyEngine:
         with self._lock:
             s = self._sessions.find(session)
             self.program.obs_np[s.index] = self._observations(obs)
-            out = self._step_locked([s], (tag or 0,))[s.index]
+            out = self._step_locked(np.array([s.index]), np.array([tag or 0]))[s.index]
             self.last_step_finite = self.last_finite[s.index] = bool(out[self.act_dim] == 1.0)
             return torch.from_numpy(out[:self.act_dim].copy())
 
@@ -169,49 +179,47 @@ class PolicyEngine:
         last_finite holds each session's finite flag afterwards.
         """
         n = self.sessions
-        tags = np.array([as_tag(t) for t in (tags if tags is not None else [None] * n)],
-                        dtype=np.int64)
+        tags = np.zeros(n, dtype=np.int64) if tags is None else \
+            np.array([as_tag(t) for t in tags], dtype=np.int64)
         mask = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool)
         if tags.shape != (n,) or mask.shape != (n,):
             raise InvalidObservation(f'step_all needs {n} tags and {n} active flags, got '
                                      f'{tags.shape[0]} and {mask.shape}')
         with self._lock:
             self.program.obs_np[:] = self._observations(obs, rows=n)
-            sessions = [s for s in self._sessions if mask[s.index]]
-            out = self._step_locked(sessions, tags[mask])
+            which = np.flatnonzero(mask)
+            out = self._step_locked(which, tags[which])
             self.last_finite = finite = out[:, self.act_dim] == 1.0
-            self.last_step_finite = all(finite[s.index] for s in sessions)
+            self.last_step_finite = bool(finite[which].all())
             return torch.from_numpy(out[:, :self.act_dim].copy())
 
-    def _step_locked(self, sessions, tags):
-        """Steps `sessions` (Session records; their obs rows are staged) with their tags (0:
-        none), in one replay; returns the host output [sessions, act_dim + 1] (actions, then
-        each session's finite flag), valid until the next step. Host work kept small: this
-        is every control step's path."""
-        if not sessions:
+    def _step_locked(self, which, tags):
+        """Steps the sessions of index array `which` (their obs rows are staged) with their
+        tags (0: none), in one replay; returns the host output [sessions, act_dim + 1]
+        (actions, then each session's finite flag), valid until the next step. Host work in
+        a few numpy operations whatever the fleet size: this is every control step's path."""
+        if not len(which):
             raise InvalidObservation('step_all: no session is active')
-        advance = int(self.program.advances)
-        if advance:
-            full = [s.name for s in sessions if s.position >= self.arena.capacity]
-            if full:
-                which = '' if self.sessions == 1 else f' (sessions {full})'
-                raise CapacityExceeded(
-                    f'history is full ({self.arena.capacity} positions){which}; reset the '
-                    'episode, restore or roll back')
-        n, program = self.sessions, self.program
-        program.stage_control(sessions, tags)
-        position = sessions[0].position if n == 1 else max(s.position for s in sessions)
+        counters, program = self._sessions.counters, self.program
+        advance = int(program.advances)
+        positions = counters[which, Session.POSITION]
+        if advance and positions.max() >= self.arena.capacity:
+            full = [self._sessions[i].name for i in which[positions >= self.arena.capacity]]
+            which_ = '' if self.sessions == 1 else f' (sessions {full})'
+            raise CapacityExceeded(
+                f'history is full ({self.arena.capacity} positions){which_}; reset the '
+                'episode, restore or roll back')
+        program.stage_control(which, tags)
         with self._timer as timer:      # its exit synchronises the device, once
-            program.issue(position, tags[0])
+            program.issue(int(positions.max()), tags[0])
         self._latencies.append(timer.us)
         depth = self.ring.depth
-        if n > 1:
-            for s in self._sessions:    # left out: its ring slot was rewritten unchanged
-                s.rollback_available = min(s.rollback_available, depth - 1)
-        for s in sessions:
-            s.step_index += 1
-            s.position += advance
-            s.rollback_available = min(s.rollback_available + 1, depth)
+        rollback = counters[:, Session.ROLLBACK]
+        if self.sessions > 1:       # left out: its ring slot was rewritten unchanged
+            np.minimum(rollback, depth - 1, out=rollback)
+        counters[which, Session.STEP] += 1
+        counters[which, Session.POSITION] += advance
+        counters[which, Session.ROLLBACK] = np.minimum(rollback[which] + 1, depth)
         self._check()
         return program.out_np
 

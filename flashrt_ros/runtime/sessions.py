@@ -1,24 +1,42 @@
 """Sessions: the independent policy states of one engine, one record each, addressed by index
 or name."""
 
-from dataclasses import dataclass, field
+import numpy as np
 
 from .errors import InvalidConfig
 
 
-@dataclass
+def _counter(column):
+    """A Session attribute stored in column `column` of the fleet's counters array."""
+    def get(self):
+        return int(self.counters[self.index, column])
+
+    def set(self, value):
+        self.counters[self.index, column] = value
+    return property(get, set)
+
+
 class Session:
     """One session: its views of the arena, and host mirrors of its counters and lineage (the
     device holds the truth in meta; these follow it deterministically from what each operation
-    did)."""
-    index: int
-    name: str
-    views: dict = field(repr=False, compare=False)   # its typed arena views, meta included
-    step_index: int = 0
-    episode: int = 0
-    position: int = 0
-    rollback_available: int = 0
-    lineage: str = ''       # the capsule the live state descends from (manifest.parent)
+    did). The counters live in one int64 array per fleet (Sessions.counters: a tick updates
+    every session's in a few numpy operations), read and written here as plain ints."""
+
+    STEP, EPISODE, POSITION, ROLLBACK = range(4)
+    step_index = _counter(STEP)
+    episode = _counter(EPISODE)
+    position = _counter(POSITION)
+    rollback_available = _counter(ROLLBACK)
+
+    def __init__(self, index, name, views, counters):
+        self.index, self.name = index, name
+        self.views = views          # its typed arena views, meta included
+        self.counters = counters
+        self.lineage = ''           # the capsule the live state descends from (manifest.parent)
+
+    def __repr__(self):
+        return (f'Session({self.index}, {self.name!r}, step {self.step_index}, episode '
+                f'{self.episode}, position {self.position})')
 
 
 class Sessions:
@@ -34,7 +52,9 @@ class Sessions:
                  if n.isascii() and n.isdigit() and int(n) != i]   # find(): ASCII indices
         if clash:
             raise InvalidConfig(f'session names {clash} read as the index of another session')
-        self._records = [Session(i, n, views)
+        # per session: step_index, episode, position, rollback_available (Session.STEP, ...)
+        self.counters = np.zeros((count, 4), dtype=np.int64)
+        self._records = [Session(i, n, views, self.counters)
                          for i, (n, views) in enumerate(zip(names, arena.session_views))]
         self._by_name = {s.name: s for s in self._records}
 

@@ -232,14 +232,14 @@ class StepProgram:
             return graphs[bisect.bisect_right(self.spans, position)]
         return graphs[0]
 
-    def stage_control(self, sessions, tags):
-        """Host side of a tick, before it is issued: which sessions step with which tags (0:
-        none), whose obs rows are staged in obs_np."""
+    def stage_control(self, which, tags):
+        """Host side of a tick, before it is issued: which sessions (an index array) step
+        with which tags (0: none), whose obs rows are staged in obs_np."""
         ctl = self._ctl_np
         if self.sessions > 1:
             ctl[:] = 0
-            for s, tag in zip(sessions, tags):
-                ctl[s.index] = (1, tag)
+            ctl[which, 0] = 1
+            ctl[which, 1] = tags
         elif tags[0]:
             ctl[0, 1] = tags[0]
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from ..errors import InvalidConfig
 from ..state import BufferSpec, META_POSITION
+from .invariant import check_kernels, pointwise
 
 _M32 = 0xFFFFFFFF
 
@@ -41,20 +42,23 @@ def _fmix32(x):
     return x ^ (x >> 16)
 
 
-def gaussian_noise(seed, counter, n):
+def gaussian_noise(seed, counter, n, apply=None):
     '''Standard normal float32 [..., n], a pure function of (seed, counter) (int64 tensors
     [..., 1]: one pair per session of a batched step, each row drawn as if alone).
 
     Integer tensor ops only (hash, then Box-Muller), no generator state: graph-capturable,
-    and a restored rng buffer reproduces the same future samples.
+    and a restored rng buffer reproduces the same future samples. apply(fn, x): how log and
+    cos run (invariant.pointwise for batch-invariant kernels), None: fn(x).
     '''
+    apply = apply or (lambda fn, x: fn(x))
     h = _fmix32(seed & _M32)
     h = _fmix32(h ^ (counter & _M32))
     h = _fmix32(h ^ ((counter >> 32) & _M32))
     lanes = torch.arange(2 * n, device=seed.device, dtype=torch.int64)
     h = _fmix32(_fmix32(h ^ lanes))                                  # [..., 2n]
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))      # (0, 1), never 0
-    return torch.sqrt(-2.0 * torch.log(u[..., :n])) * torch.cos((2.0 * math.pi) * u[..., n:])
+    return torch.sqrt(-2.0 * apply(torch.log, u[..., :n])) * \
+        apply(torch.cos, (2.0 * math.pi) * u[..., n:])
 
 
 # ---------------------------------------------------------------- base
@@ -67,6 +71,9 @@ class Policy(nn.Module):
     # [sessions, obs_dim], action [sessions, act_dim], each row computed as if alone. The
     # engine steps other policies session by session inside the same captured graph.
     batched = False
+    # 'default' (the exporter's kernels) or 'batch_invariant' (invariant.py: every row of a
+    # batch computed as if alone, so a fleet stepped as one batch is exact); set_kernels()
+    kernels = 'default'
 
     def __init__(self, obs_dim, act_dim, capacity=0, noise_std=0.0, seed=0):
         super().__init__()
@@ -82,8 +89,21 @@ class Policy(nn.Module):
 
     def config(self):
         '''Plain-Python description of what, besides weights, shapes the computation.'''
+        # the kernel set rounds differently, so it is part of the digest (default: absent,
+        # which keeps the digests of capsules taken before it existed)
+        kernels = {} if self.kernels == 'default' else {'kernels': self.kernels}
         return {'kind': self.kind, 'obs_dim': self.obs_dim, 'act_dim': self.act_dim,
-                'capacity': self.capacity, 'noise_std': self.noise_std}
+                'capacity': self.capacity, 'noise_std': self.noise_std, **kernels}
+
+    def set_kernels(self, name):
+        '''Use the kernel set `name` (invariant.KERNELS) for every later step.'''
+        if check_kernels(name) != 'default' and not self.batched:
+            raise InvalidConfig(f"kernels {name!r}: a {self.kind!r} policy of this format "
+                                'steps one session at a time (mlp and recurrent policies '
+                                'built from weights batch; TorchScript and ONNX files run '
+                                'their own kernels); use the default kernels')
+        self.kernels = name
+        return self
 
     def bind(self, views, sessions=None):
         '''Keep references to the arena views (which must include 'meta'). Never copies.
@@ -162,7 +182,8 @@ class Policy(nn.Module):
         seed, counter = self.views['rng'][..., 0:1], self.views['rng'][..., 1:2]
         if offset is not None:
             counter = counter + offset
-        return self.noise_std * gaussian_noise(seed, counter, n)
+        invariant = self.kernels == 'batch_invariant'
+        return self.noise_std * gaussian_noise(seed, counter, n, pointwise if invariant else None)
 
 
 # ---------------------------------------------------------------- shared building blocks
@@ -203,6 +224,14 @@ class _InputHistory(Policy):
 
     def own_specs(self):
         raise NotImplementedError
+
+    @property
+    def kernels(self):
+        return self.inner.kernels
+
+    def set_kernels(self, name):
+        self.inner.set_kernels(name)
+        return self
 
     def state_specs(self):
         return list(self.inner.state_specs()) + self.own_specs()

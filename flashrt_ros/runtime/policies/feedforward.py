@@ -5,6 +5,7 @@ scripted.py).'''
 import torch
 
 from ..enums import PolicyKind
+from . import invariant
 from .base import mlp, Policy
 
 
@@ -45,4 +46,6 @@ class FeedForwardPolicy(Policy):
         x = obs.view(-1, self.obs_dim).to(self.actor[0].weight.dtype)
         if self.normalize:
             x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
-        self._act(self.actor(x).view(action.shape), action)
+        out = invariant.sequential(self.actor, x) if self.kernels == 'batch_invariant' \
+            else self.actor(x)
+        self._act(out.view(action.shape), action)

@@ -11,6 +11,7 @@ import torch.nn as nn
 from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from ..state import BufferSpec
+from . import invariant
 from .base import mlp, Policy
 
 
@@ -91,8 +92,11 @@ class RecurrentPolicy(Policy):
         x = obs.view(-1, self.obs_dim).to(self.rnn.weight_hh_l0.dtype)     # [B, obs]
         if self.normalize:
             x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
-        x = self.encoder(x).unsqueeze(0)                                     # [1, B, in]
         hidden = self.views['hidden_state']                       # [L, H] or [B, L, H]
+        if self.kernels == 'batch_invariant':
+            self._act(self._invariant_step(x, hidden).view(action.shape), action)
+            return
+        x = self.encoder(x).unsqueeze(0)                                     # [1, B, in]
 
         def as_rnn(state):      # -> [L, B, H], the rnn's layout (a copy only when B > 1)
             return (state.unsqueeze(1) if state.dim() == 2 else state.transpose(0, 1)
@@ -110,3 +114,14 @@ class RecurrentPolicy(Policy):
                 out, h = self.rnn(x, as_rnn(hidden))
         write(hidden, h)
         self._act(self.actor(out.squeeze(0)).view(action.shape), action)
+
+    def _invariant_step(self, x, hidden):
+        """The same step on invariant.py's kernels: every row as if alone. State views as
+        [B, L, H] (one session: [1, L, H], a view)."""
+        def rows(state):
+            return state.unsqueeze(0) if state.dim() == 2 else state
+
+        cell = rows(self.views['cell_state']) if self.rnn_type == 'lstm' else None
+        x = invariant.sequential(self.encoder, x) if len(self.encoder) else x
+        out = invariant.rnn_step(self.rnn, x, rows(hidden), cell)
+        return invariant.sequential(self.actor, out)

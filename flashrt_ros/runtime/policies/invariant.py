@@ -1,0 +1,224 @@
+'''Batch-invariant kernels: every row of a batch computed exactly as if it ran alone.
+
+The default kernels (cuBLAS, cuDNN, MKL) choose their algorithm by the batch size: a row of a
+512-row product rounds differently from the same row alone (measured on the H200 and on this
+CPU: up to ~1e-6 per layer). With kernels='batch_invariant' a policy's linear layers, RNN cells
+and pointwise functions use kernels whose arithmetic for one row does not depend on how many
+rows run with it, so a fleet steps as one batch and stays bit for bit a single-session engine
+with the same kernels (the idea of thinking-machines-lab/batch_invariant_ops and vLLM's
+batch-invariant mode). They round differently from the default kernels (float rounding: the
+tests bound it), so the kernel set is part of the model digest: a capsule replays bit for bit
+only under the kernels it was taken with.
+
+CUDA: one Triton matmul per layer, its tile sizes fixed by the layer's shape, never by the row
+count, and the activation fused into it; each row's dot products run in one fixed order.
+CPU: a batched matrix product of 1-row matrices (one small GEMM per row, the same for every
+batch size; one row runs as a batch of two, as ATen takes a batch of one for a plain product)
+and the pointwise functions over a strided view, which makes ATen take its scalar
+loop for every element (its vector loop handles the tail of a tensor, and each thread's chunk,
+with other math: exp, tanh, log differ in the last bit). verify() checks a policy's rows
+against rows run alone on the machine at hand; the engine calls it before it trusts a batch.
+'''
+
+import torch
+import torch.nn as nn
+
+from ..errors import InvalidConfig
+
+KERNELS = ('default', 'batch_invariant')
+
+try:                    # CUDA builds of torch bring Triton; the CPU path needs none
+    import triton
+    import triton.language as tl
+except ImportError:     # pragma: no cover - depends on the torch build
+    triton = None
+
+
+def check_kernels(name):
+    if name not in KERNELS:
+        raise InvalidConfig(f'kernels must be one of {KERNELS}, got {name!r}')
+    return name
+
+
+def pointwise(fn, x):
+    '''fn(x) for a pointwise torch function, each element computed the same way wherever it
+    sits in the batch. CUDA's pointwise kernels apply one function per element already; on
+    the CPU the input is laid out with a stride of 2, so ATen's scalar loop computes every
+    element (the vector loop, with other rounding for transcendental functions, needs unit
+    strides).'''
+    if x.is_cuda:
+        return fn(x)
+    wide = x.new_empty(*x.shape, 2)
+    wide[..., 0].copy_(x)
+    return fn(wide[..., 0])
+
+
+# activation module type -> the code of the Triton epilogue (anything else runs as pointwise)
+_FUSED = {nn.Identity: 0, nn.ReLU: 1, nn.ELU: 2, nn.Tanh: 3, nn.Sigmoid: 4}
+
+
+def _fused_code(activation):
+    if activation is None:
+        return 0
+    code = _FUSED.get(type(activation))
+    if code == 2 and float(activation.alpha) != 1.0:
+        return None
+    return code
+
+
+def linear(x, layer, activation=None):
+    '''activation(layer(x)) for x [rows, in], each row independent of the others.'''
+    x = x.contiguous()
+    if x.is_cuda:
+        code = _fused_code(activation)
+        y = _triton_linear(x, layer.weight, layer.bias, 0 if code is None else code)
+        return y if code is not None else pointwise(activation, y)
+    rows, weight = x.shape[0], layer.weight
+    bias = layer.bias if layer.bias is not None else weight.new_zeros(weight.shape[0])
+    if rows == 1:   # ATen runs a batch of one matrix as a plain product (other rounding)
+        x = x.expand(2, -1)
+    batch = max(rows, 2)
+    y = torch.baddbmm(bias.view(1, 1, -1).expand(batch, 1, -1), x.unsqueeze(1),
+                      weight.t().unsqueeze(0).expand(batch, -1, -1)).squeeze(1)[:rows]
+    return y if activation is None or isinstance(activation, nn.Identity) \
+        else pointwise(activation, y)
+
+
+def sequential(layers, x):
+    '''An rsl_rl MLP (Linear, activation, Linear, ..., nn.Sequential) over x [rows, in].'''
+    mods, i = list(layers), 0
+    while i < len(mods):
+        act = mods[i + 1] if i + 1 < len(mods) and not isinstance(mods[i + 1], nn.Linear) \
+            else None
+        x = linear(x, mods[i], act)
+        i += 2 if act is not None else 1
+    return x
+
+
+def rnn_step(rnn, x, hidden, cell=None):
+    '''One time step of an nn.LSTM / nn.GRU (PyTorch's gate equations) for x [rows, in],
+    hidden / cell [rows, layers, hidden] (updated in place); returns the top layer's output.'''
+    for layer in range(rnn.num_layers):
+        w_ih, w_hh = (getattr(rnn, f'{w}_l{layer}') for w in ('weight_ih', 'weight_hh'))
+        b_ih, b_hh = (getattr(rnn, f'{b}_l{layer}', None) for b in ('bias_ih', 'bias_hh'))
+        h = hidden[:, layer]
+        gi, gh = linear(x, _Linear(w_ih, b_ih)), linear(h, _Linear(w_hh, b_hh))
+        if cell is None:        # GRU: r, z, n
+            r = pointwise(torch.sigmoid, gi[:, :rnn.hidden_size] + gh[:, :rnn.hidden_size])
+            z = pointwise(torch.sigmoid, gi[:, rnn.hidden_size:2 * rnn.hidden_size] +
+                          gh[:, rnn.hidden_size:2 * rnn.hidden_size])
+            n = pointwise(torch.tanh, gi[:, 2 * rnn.hidden_size:] +
+                          r * gh[:, 2 * rnn.hidden_size:])
+            x = (1 - z) * n + z * h
+        else:                   # LSTM: i, f, g, o
+            i, f, g, o = (gi + gh).chunk(4, 1)
+            c = pointwise(torch.sigmoid, f) * cell[:, layer] + \
+                pointwise(torch.sigmoid, i) * pointwise(torch.tanh, g)
+            x = pointwise(torch.sigmoid, o) * pointwise(torch.tanh, c)
+            cell[:, layer].copy_(c)
+        hidden[:, layer].copy_(x)
+    return x
+
+
+class _Linear:
+    '''weight and bias in nn.Linear's shape, for linear().'''
+
+    def __init__(self, weight, bias):
+        self.weight, self.bias = weight, bias
+
+
+# ---------------------------------------------------------------- CUDA: Triton
+
+if triton is not None:
+    @triton.jit(do_not_specialize=['rows'])
+    def _linear_kernel(x, w, b, y, rows, cols, depth, HAS_BIAS: tl.constexpr,
+                       ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+        # one [BM, BN] tile of y = act(x @ w.T + b); the k loop and the tile sizes are the
+        # same for every row count, so a row's sums run in the same order in any batch
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k in range(0, depth, BK):
+            rk = k + tl.arange(0, BK)
+            a = tl.load(x + rm[:, None] * depth + rk[None, :],
+                        mask=(rm[:, None] < rows) & (rk[None, :] < depth), other=0.0)
+            bt = tl.load(w + rn[None, :] * depth + rk[:, None],
+                         mask=(rn[None, :] < cols) & (rk[:, None] < depth), other=0.0)
+            acc += tl.dot(a, bt, input_precision='ieee')
+        if HAS_BIAS:
+            acc += tl.load(b + rn, mask=rn < cols, other=0.0)[None, :]
+        if ACT == 1:
+            acc = tl.maximum(acc, 0.0)
+        elif ACT == 2:
+            acc = tl.where(acc > 0, acc, tl.exp(acc) - 1.0)
+        elif ACT == 3:
+            acc = 2.0 / (1.0 + tl.exp(-2.0 * acc)) - 1.0
+        elif ACT == 4:
+            acc = 1.0 / (1.0 + tl.exp(-acc))
+        tl.store(y + rm[:, None] * cols + rn[None, :], acc,
+                 mask=(rm[:, None] < rows) & (rn[None, :] < cols))
+
+
+def _tiles(cols, depth):
+    '''Tile sizes from the layer's shape only (never the row count): narrow column tiles give
+    a small batch enough programs; 16 rows is tl.dot's smallest tile.'''
+    bn = 32 if cols >= 256 else 16
+    bk = 64 if depth >= 64 else (32 if depth > 16 else 16)
+    return 16, bn, bk
+
+
+def _triton_linear(x, weight, bias, act):
+    if triton is None:
+        raise InvalidConfig("kernels 'batch_invariant' on CUDA needs Triton (it comes with "
+                            'CUDA builds of torch); install triton or use the default kernels')
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise InvalidConfig(f"kernels 'batch_invariant' run float32 weights, not {weight.dtype}")
+    rows, depth = x.shape
+    cols = weight.shape[0]
+    y = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    bm, bn, bk = _tiles(cols, depth)
+    grid = (triton.cdiv(rows, bm), triton.cdiv(cols, bn))
+    _linear_kernel[grid](x, weight.contiguous(), bias if bias is not None else weight, y, rows,
+                         cols, depth, HAS_BIAS=bias is not None, ACT=act, BM=bm, BN=bn, BK=bk)
+    return y
+
+
+# ---------------------------------------------------------------- verification
+
+@torch.no_grad()
+def verify(policy, sessions, device, rows=4, seed=0):
+    '''Raise InvalidConfig unless policy.step over `sessions` rows (random state and inputs)
+    gives, for `rows` sampled rows, exactly what each gives stepped alone: the check of this
+    machine's libraries before a fleet is stepped as one batch (kernel choice depends on
+    shapes, not values, so random inputs that agree mean the same arithmetic).'''
+    gen = torch.Generator().manual_seed(seed)
+
+    def views(n):
+        out = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.5).to(s.dtype)
+               if s.dtype.is_floating_point else torch.zeros((n, *s.shape), dtype=s.dtype)
+               for s in policy.state_specs()}
+        out['meta'] = torch.zeros(n, 4, dtype=torch.int64)
+        return {k: v.to(device) for k, v in out.items()}
+
+    batch = views(sessions)
+    start = {k: v.clone() for k, v in batch.items()}
+    obs = (torch.randn(sessions, policy.obs_dim, generator=gen)).to(device)
+    act = torch.zeros(sessions, policy.act_dim, device=device)
+    policy.bind(batch, sessions)
+    policy.step(obs, act)
+    picks = torch.randperm(sessions, generator=gen)[:rows].tolist()
+    for i in picks:
+        alone = {k: v[i].clone() for k, v in start.items()}
+        out = torch.zeros(policy.act_dim, device=device)
+        policy.bind(alone)
+        policy.step(obs[i].clone(), out)
+        same = torch.equal(out, act[i]) and \
+            all(torch.equal(alone[k], batch[k][i]) for k in alone if k != 'meta')
+        if not same:
+            raise InvalidConfig(
+                f"kernels 'batch_invariant': on {device} row {i} of a {sessions}-row batch "
+                f'differs from the same row alone (max |diff| '
+                f'{float((out - act[i]).abs().max()):.3g}); this machine\'s libraries do not '
+                'keep rows independent here: use the default kernels (sessions then step '
+                'one by one, bit for bit)')
