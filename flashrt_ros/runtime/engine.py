@@ -94,8 +94,7 @@ class PolicyEngine:
         invariant = getattr(policy, 'kernels', 'default') == 'batch_invariant'
         if invariant and self.sessions > 1:
             verify(self.policy, self.sessions, self.device)
-        # exact: every session's actions bit for bit a single-session engine's (same kernels)
-        self.exact = self.sessions == 1 or invariant or not batch_sessions
+        self.exact = invariant or not batch_sessions or self.sessions == 1   # = lone engines
         self.program = StepProgram(self.policy, self.arena, self.ring, self.transfer,
                                    batched=batch_sessions or (invariant and self.sessions > 1),
                                    last_action=last_action,
@@ -165,7 +164,7 @@ class PolicyEngine:
         with self._lock:
             s = self._sessions.find(session)
             self.program.obs_np[s.index] = self._observations(obs)
-            out = self._step_locked(np.array([s.index]), np.array([tag or 0]))[s.index]
+            out = self._step_locked(s, (tag or 0,))[s.index]
             self.last_step_finite = self.last_finite[s.index] = bool(out[self.act_dim] == 1.0)
             return torch.from_numpy(out[:self.act_dim].copy())
 
@@ -187,39 +186,37 @@ class PolicyEngine:
                                      f'{tags.shape[0]} and {mask.shape}')
         with self._lock:
             self.program.obs_np[:] = self._observations(obs, rows=n)
-            which = np.flatnonzero(mask)
+            # every session (the usual tick): a slice, so the host work is plain array ops
+            which = slice(None) if mask.all() else np.flatnonzero(mask)
             out = self._step_locked(which, tags[which])
             self.last_finite = finite = out[:, self.act_dim] == 1.0
             self.last_step_finite = bool(finite[which].all())
             return torch.from_numpy(out[:, :self.act_dim].copy())
 
     def _step_locked(self, which, tags):
-        """Steps the sessions of index array `which` (their obs rows are staged) with their
-        tags (0: none), in one replay; returns the host output [sessions, act_dim + 1]
-        (actions, then each session's finite flag), valid until the next step. Host work in
-        a few numpy operations whatever the fleet size: this is every control step's path."""
-        if not len(which):
-            raise InvalidObservation('step_all: no session is active')
-        counters, program = self._sessions.counters, self.program
+        """Steps the sessions `which` (an index array, a slice, or one Session: step()),
+        whose obs rows are staged, with their tags (0: none), in one replay; returns the host
+        output [sessions, act_dim + 1] (actions, then each session's finite flag), valid until
+        the next step. Host work is a few scalar updates for one session and a few numpy
+        operations for a fleet, whatever its size: this is every control step's path."""
+        one = isinstance(which, Session)
+        counters, program, capacity = self._sessions.counters, self.program, self.arena.capacity
         advance = int(program.advances)
-        positions = counters[which, Session.POSITION]
-        if advance and positions.max() >= self.arena.capacity:
-            full = [self._sessions[i].name for i in which[positions >= self.arena.capacity]]
-            which_ = '' if self.sessions == 1 else f' (sessions {full})'
-            raise CapacityExceeded(
-                f'history is full ({self.arena.capacity} positions){which_}; reset the '
-                'episode, restore or roll back')
-        program.stage_control(which, tags)
+        position = which.position if one else counters[which, Session.POSITION]
+        if not one and not position.size:
+            raise InvalidObservation('step_all: no session is active')
+        top = position if one else int(position.max())     # (np.max of an int costs ~3 us)
+        if advance and top >= capacity:
+            full = [which.name] if one else [self._sessions[int(i)].name for i in np.arange(
+                self.sessions)[which][position >= capacity]]
+            where = '' if self.sessions == 1 else f' (sessions {full})'
+            raise CapacityExceeded(f'history is full ({capacity} positions){where}; reset '
+                                   'the episode, restore or roll back')
+        program.stage_control(slice(which.index, which.index + 1) if one else which, tags)
         with self._timer as timer:      # its exit synchronises the device, once
-            program.issue(int(positions.max()), tags[0])
+            program.issue(top, tags[0])
         self._latencies.append(timer.us)
-        depth = self.ring.depth
-        rollback = counters[:, Session.ROLLBACK]
-        if self.sessions > 1:       # left out: its ring slot was rewritten unchanged
-            np.minimum(rollback, depth - 1, out=rollback)
-        counters[which, Session.STEP] += 1
-        counters[which, Session.POSITION] += advance
-        counters[which, Session.ROLLBACK] = np.minimum(rollback[which] + 1, depth)
+        self._sessions.stepped(which, advance, self.ring.depth)
         self._check()
         return program.out_np
 

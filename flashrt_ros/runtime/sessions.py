@@ -96,3 +96,22 @@ class Sessions:
         more = ', ...' if count > 8 else ''
         raise InvalidConfig(f'no session {key!r}: indices are 0..{count - 1}, names '
                             f'{names}{more}')
+
+    def stepped(self, which, advance, depth):
+        """The host mirrors after a tick of `which` (one Session, an index array or a slice):
+        step + 1, position + advance, one more rollback slot (at most depth); a session left
+        out of a fleet's tick had its ring slot rewritten unchanged (at most depth - 1)."""
+        counters = self.counters
+        if len(self._records) > 1:
+            rollback = counters[:, Session.ROLLBACK]
+            np.minimum(rollback, depth - 1, out=rollback)
+        if isinstance(which, Session):      # scalar updates: one robot's latency path
+            which.step_index += 1
+            which.position += advance
+            which.rollback_available = min(which.rollback_available + 1, depth)
+            return
+        counters[which, Session.STEP] += 1
+        if advance:
+            counters[which, Session.POSITION] += advance
+        counters[which, Session.ROLLBACK] = np.minimum(counters[which, Session.ROLLBACK] + 1,
+                                                       depth)

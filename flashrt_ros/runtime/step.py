@@ -222,8 +222,8 @@ class StepProgram:
         # slot just written): their state, counters included, is unchanged; an append row
         # written at their position lies beyond their live prefix
         active = self._ctl_buf[:, 0:1] != 0
-        static = self.ring.static
-        static.copy_(torch.where(active, static, self.ring.recorded()))
+        words = self.ring.words
+        words.copy_(torch.where(active, words, self.ring.recorded()))
 
     def graph_for(self, position):
         """The step for the smallest span that covers `position` (spans ascend)."""
@@ -233,11 +233,12 @@ class StepProgram:
         return graphs[0]
 
     def stage_control(self, which, tags):
-        """Host side of a tick, before it is issued: which sessions (an index array) step
-        with which tags (0: none), whose obs rows are staged in obs_np."""
+        """Host side of a tick, before it is issued: which sessions (an index array, or a
+        slice) step with which tags (0: none), whose obs rows are staged in obs_np."""
         ctl = self._ctl_np
         if self.sessions > 1:
-            ctl[:] = 0
+            if not isinstance(which, slice) or which != slice(None):
+                ctl[:] = 0
             ctl[which, 0] = 1
             ctl[which, 1] = tags
         elif tags[0]:

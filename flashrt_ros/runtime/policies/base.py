@@ -98,7 +98,7 @@ class Policy(nn.Module):
     def set_kernels(self, name):
         '''Use the kernel set `name` (invariant.KERNELS) for every later step.'''
         if check_kernels(name) != 'default' and not self.batched:
-            raise InvalidConfig(f"kernels {name!r}: a {self.kind!r} policy of this format "
+            raise InvalidConfig(f'kernels {name!r}: a {self.kind!r} policy of this format '
                                 'steps one session at a time (mlp and recurrent policies '
                                 'built from weights batch; TorchScript and ONNX files run '
                                 'their own kernels); use the default kernels')

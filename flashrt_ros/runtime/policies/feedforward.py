@@ -5,8 +5,8 @@ scripted.py).'''
 import torch
 
 from ..enums import PolicyKind
-from . import invariant
 from .base import mlp, Policy
+from .invariant import sequential
 
 
 class FeedForwardPolicy(Policy):
@@ -46,6 +46,6 @@ class FeedForwardPolicy(Policy):
         x = obs.view(-1, self.obs_dim).to(self.actor[0].weight.dtype)
         if self.normalize:
             x = (x - self.norm_mean) / (self.norm_std + self.norm_eps)
-        out = invariant.sequential(self.actor, x) if self.kernels == 'batch_invariant' \
+        out = sequential(self.actor, x) if self.kernels == 'batch_invariant' \
             else self.actor(x)
         self._act(out.view(action.shape), action)

@@ -11,8 +11,8 @@ import torch.nn as nn
 from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from ..state import BufferSpec
-from . import invariant
 from .base import mlp, Policy
+from .invariant import rnn_step, sequential
 
 
 # what torch.backends.cudnn.flags() sets (its parameters differ between torch versions)
@@ -122,6 +122,6 @@ class RecurrentPolicy(Policy):
             return state.unsqueeze(0) if state.dim() == 2 else state
 
         cell = rows(self.views['cell_state']) if self.rnn_type == 'lstm' else None
-        x = invariant.sequential(self.encoder, x) if len(self.encoder) else x
-        out = invariant.rnn_step(self.rnn, x, rows(hidden), cell)
-        return invariant.sequential(self.actor, out)
+        x = sequential(self.encoder, x) if len(self.encoder) else x
+        out = rnn_step(self.rnn, x, rows(hidden), cell)
+        return sequential(self.actor, out)
