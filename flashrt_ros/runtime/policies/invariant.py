@@ -237,8 +237,8 @@ def _triton_lstm(x, h, c, w_ih, w_hh, b_ih, b_hh):
 
 def _tiles(cols, depth):
     """Tile sizes (rows, columns, k step) from the layer's shape only, never the row count.
-    Chosen on the H200 (scratch sweep, 2026-12-01: 18 configurations, 47-512-256-128-12 MLP
-    step replayed at N = 1 / 512 / 4,096): 32 x 32 x 32 gave 48 / 53 / 258 us against
+    Chosen on the H200 (benchmarks/kernel_tiles.py, 2026-12-01: 18 configurations, the MLP
+    47-512-256-128-12 step at N = 1 / 512 / 4,096): 32 x 32 x 32 gave 48 / 53 / 258 us against
     43 / 71 / 464 us for 16 x 32 x 64; 16 is tl.dot's smallest tile."""
     return 32, (32 if cols >= 32 else 16), 32
 
