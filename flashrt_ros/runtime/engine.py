@@ -194,11 +194,11 @@ class PolicyEngine:
             return torch.from_numpy(out[:, :self.act_dim].copy())
 
     def _step_locked(self, which, tags):
-        """Steps the sessions `which` (an index array, a slice, or one Session: step()),
-        whose obs rows are staged, with their tags (0: none), in one replay; returns the host
-        output [sessions, act_dim + 1] (actions, then each session's finite flag), valid until
-        the next step. Host work is a few scalar updates for one session and a few numpy
-        operations for a fleet, whatever its size: this is every control step's path."""
+        """Steps the sessions `which` (an index array, a slice, or one Session), whose obs rows
+        are staged, with their tags (0: none), in one replay; returns the host output
+        [sessions, act_dim + 1] (actions, each session's finite flag), valid until the next
+        step. Host work: scalar updates for one session, a few numpy operations for a fleet."""
+        which = self._sessions[0] if self.sessions == 1 else which    # plain counters
         one = isinstance(which, Session)
         counters, program, capacity = self._sessions.counters, self.program, self.arena.capacity
         advance = int(program.advances)

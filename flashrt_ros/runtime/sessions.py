@@ -6,8 +6,27 @@ import numpy as np
 from .errors import InvalidConfig
 
 
+class Session:
+    """One session: its views of the arena, and host mirrors of its counters and lineage (the
+    device holds the truth in meta; these follow it deterministically from what each operation
+    did). Plain attributes: a single-session engine's step and capsule calls read and write
+    them several times each (FleetSession keeps a fleet's in one array)."""
+
+    STEP, EPISODE, POSITION, ROLLBACK = range(4)
+
+    def __init__(self, index, name, views):
+        self.index, self.name = index, name
+        self.views = views          # its typed arena views, meta included
+        self.lineage = ''           # the capsule the live state descends from (manifest.parent)
+        self.step_index = self.episode = self.position = self.rollback_available = 0
+
+    def __repr__(self):
+        return (f'Session({self.index}, {self.name!r}, step {self.step_index}, episode '
+                f'{self.episode}, position {self.position})')
+
+
 def _counter(column):
-    """A Session attribute stored in column `column` of the fleet's counters array."""
+    """A FleetSession attribute stored in column `column` of the fleet's counters array."""
     def get(self):
         return int(self.counters[self.index, column])
 
@@ -16,27 +35,18 @@ def _counter(column):
     return property(get, set)
 
 
-class Session:
-    """One session: its views of the arena, and host mirrors of its counters and lineage (the
-    device holds the truth in meta; these follow it deterministically from what each operation
-    did). The counters live in one int64 array per fleet (Sessions.counters: a tick updates
-    every session's in a few numpy operations), read and written here as plain ints."""
+class FleetSession(Session):
+    """A session of a fleet: its counters are its row of one int64 array (Sessions.counters),
+    so a tick updates every session's in a few numpy operations; read here as plain ints."""
 
-    STEP, EPISODE, POSITION, ROLLBACK = range(4)
-    step_index = _counter(STEP)
-    episode = _counter(EPISODE)
-    position = _counter(POSITION)
-    rollback_available = _counter(ROLLBACK)
+    step_index = _counter(Session.STEP)
+    episode = _counter(Session.EPISODE)
+    position = _counter(Session.POSITION)
+    rollback_available = _counter(Session.ROLLBACK)
 
     def __init__(self, index, name, views, counters):
-        self.index, self.name = index, name
-        self.views = views          # its typed arena views, meta included
         self.counters = counters
-        self.lineage = ''           # the capsule the live state descends from (manifest.parent)
-
-    def __repr__(self):
-        return (f'Session({self.index}, {self.name!r}, step {self.step_index}, episode '
-                f'{self.episode}, position {self.position})')
+        super().__init__(index, name, views)
 
 
 class Sessions:
@@ -52,10 +62,11 @@ class Sessions:
                  if n.isascii() and n.isdigit() and int(n) != i]   # find(): ASCII indices
         if clash:
             raise InvalidConfig(f'session names {clash} read as the index of another session')
-        # per session: step_index, episode, position, rollback_available (Session.STEP, ...)
+        # a fleet's counters, per session: step_index, episode, position, rollback_available
         self.counters = np.zeros((count, 4), dtype=np.int64)
-        self._records = [Session(i, n, views, self.counters)
-                         for i, (n, views) in enumerate(zip(names, arena.session_views))]
+        records = zip(range(count), names, arena.session_views)
+        self._records = [Session(*r) for r in records] if count == 1 else \
+            [FleetSession(*r, self.counters) for r in records]
         self._by_name = {s.name: s for s in self._records}
 
     def __iter__(self):
@@ -105,7 +116,7 @@ class Sessions:
         if len(self._records) > 1:
             rollback = counters[:, Session.ROLLBACK]
             np.minimum(rollback, depth - 1, out=rollback)
-        if isinstance(which, Session):      # scalar updates: one robot's latency path
+        if isinstance(which, Session):      # one session (a plain Session: the latency path)
             which.step_index += 1
             which.position += advance
             which.rollback_available = min(which.rollback_available + 1, depth)
