@@ -110,7 +110,19 @@ def _streams(t0, count):
     return [[obs(t + 1000 * k) for t in range(t0, t0 + count)] for k in range(3)]
 
 
-def test_per_session_topics_and_the_batched_topic_equal_single_engines(fleet, tmp_path):
+@pytest.mark.parametrize('kernels', ['default', 'batch_invariant'])
+def test_per_session_topics_and_the_batched_topic_equal_single_engines(ros, tmp_path, kernels):
+    # batch_invariant: the fleet steps as one batch (engine.program.batched), and is still
+    # bit for bit a single-session node on the same kernels
+    fleet = Fleet(tmp_path, PARAMS | {'kernels': kernels})
+    try:
+        assert fleet.node.engine.program.batched == (kernels == 'batch_invariant')
+        _topics_equal_single_engines(fleet, tmp_path, kernels)
+    finally:
+        fleet.close()
+
+
+def _topics_equal_single_engines(fleet, tmp_path, kernels):
     streams = _streams(0, 8)
     got = {k: [] for k in range(3)}
     for t in range(4):           # one session at a time on its own topic
@@ -121,7 +133,8 @@ def test_per_session_topics_and_the_batched_topic_equal_single_engines(fleet, tm
         for k in range(3):
             got[k].append(tick[3 * k:3 * k + 3])
     for k in range(3):
-        _, expected = reference_actions(PARAMS | {'sessions': 1, 'session_names': []},
+        _, expected = reference_actions(PARAMS | {'sessions': 1, 'session_names': [],
+                                                  'kernels': kernels},
                                         streams[k], tmp_path / f'ref{k}')
         assert got[k] == expected, k          # float32 both ways: bit for bit
     # a NaN row skips that session this tick; its state is kept
