@@ -1,4 +1,5 @@
-"""CPU smoke test of the fleet benchmark (benchmarks/fleet.py) in its smallest configuration.
+"""CPU smoke tests of the fleet benchmarks (benchmarks/fleet.py, fleet_scale.py) in their
+smallest configurations.
 
 Checks structure, not speed: the three sections with a row per policy and size, every number
 finite, every ratio a positive number, the header naming the commit, and the identity checks
@@ -12,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 
+from benchmarks import fleet_scale
 from benchmarks.fleet import CONFIGS, POLICIES, SECTIONS
 from benchmarks.sections import finite_numbers
 
@@ -68,3 +70,35 @@ def test_fleet_smoke_run(tmp_path):
                    'exact x engines', 'batched x engines', 'commit: cafe123',
                    f'torch {env["torch"]}', f'Identity checks: {len(checks)} / {len(checks)}'):
         assert needle in table, needle
+
+
+def test_fleet_scale_smoke_run(tmp_path):
+    """fleet_scale: a row per policy and size with every variant timed, the replay floor, the
+    capsule rows, and its identity checks passed (invariant fleet == single invariant engines,
+    a fleet capsule replayed in a single engine)."""
+    out = tmp_path / 'scale'
+    result = subprocess.run(
+        [sys.executable, '-m', 'benchmarks.fleet_scale', '--smoke', '--device', 'cpu',
+         '--commit', 'cafe123', '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    data = json.loads(out.with_suffix('.json').read_text())
+    smoke = fleet_scale.CONFIGS['smoke']
+    assert data['environment']['git_commit'] == 'cafe123'
+    assert finite_numbers(data) == []
+    ticks = data['sections']['ticks']
+    assert sorted((r['policy'], r['n']) for r in ticks) == \
+        sorted((p, n) for p in fleet_scale.POLICIES for n in smoke['ns'])
+    for r in ticks:
+        for variant in ('invariant', 'batched', 'exact', 'engines', 'replay_invariant'):
+            assert r[variant]['n'] == smoke['ticks'][r['n']], (r['n'], variant)
+        assert r['invariant_equals_singles'] and r['ratios']['invariant_vs_batched'] > 0
+        assert 0 <= r['invariant_vs_batched_max_abs_diff'] < 1e-3    # rounding only
+    capsules = data['sections']['capsules']
+    assert len(capsules) == len(fleet_scale.POLICIES) * len(smoke['capsule_ns'])
+    assert all(r['replay_identical'] for r in capsules)
+    checks = data['checks']
+    per_policy = 2 * len(smoke['ns']) + len(smoke['capsule_ns'])
+    assert len(checks) == len(fleet_scale.POLICIES) * per_policy
+    assert all(c['passed'] for c in checks), [c for c in checks if not c['passed']]
+    assert 'Identity checks: 10 / 10' in out.with_suffix('.md').read_text()
