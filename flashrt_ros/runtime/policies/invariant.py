@@ -11,13 +11,15 @@ tests bound it), so the kernel set is part of the model digest: a capsule replay
 only under the kernels it was taken with.
 
 CUDA: one Triton matmul per layer, its tile sizes fixed by the layer's shape, never by the row
-count, and the activation fused into it; each row's dot products run in one fixed order.
-CPU: a batched matrix product of 1-row matrices (one small GEMM per row, the same for every
-batch size; one row runs as a batch of two, as ATen takes a batch of one for a plain product)
-and the pointwise functions over a strided view, which makes ATen take its scalar
-loop for every element (its vector loop handles the tail of a tensor, and each thread's chunk,
-with other math: exp, tanh, log differ in the last bit). verify() checks a policy's rows
-against rows run alone on the machine at hand; the engine calls it before it trusts a batch.
+count, with the activation fused into it, and one Triton kernel per LSTM layer (the four gates,
+their activations and the new h and c); each row's dot products run in one fixed order, and
+pointwise torch kernels apply one function per element. CPU: a batched matrix product of 1-row
+matrices (one small GEMM per row, the same for every batch size; one row runs as a batch of
+two, as ATen takes a batch of one for a plain product) and the pointwise functions over a
+strided view, which makes ATen take its scalar loop for every element (its vector loop handles
+the tail of a tensor, and each thread's chunk, with other math: measured here, ELU's differ in
+the last bit). verify() checks a policy's rows against rows run alone on the machine at hand;
+the engine calls it before it trusts a batch.
 '''
 
 import torch
