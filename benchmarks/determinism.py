@@ -29,7 +29,7 @@ from flashrt_ros.runtime.engine import PolicyEngine
 from .determinism_policies import build, KINDS, observations
 from .determinism_replays import run_all
 from .determinism_report import render
-from .environment import device_slug, environment, ROOT
+from .environment import device_slug, environment, resolve_device, ROOT
 from .report import log, Report
 
 CONFIGS = {
@@ -96,8 +96,7 @@ def main(argv=None):
     ap.add_argument('--kinds', default=','.join(KINDS))
     ap.add_argument('--child', default='', help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    device = torch.device('cuda' if args.device == 'auto' and torch.cuda.is_available() else
-                          ('cpu' if args.device == 'auto' else args.device))
+    device = resolve_device(args.device)
     mode = 'smoke' if args.smoke else 'gpu'
     cfg, kinds = CONFIGS[mode], [k for k in args.kinds.split(',') if k]
     if args.child:                      # the fresh process: original continuations only

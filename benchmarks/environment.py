@@ -1,6 +1,7 @@
 """Where and on what a benchmark ran: the checkout's root (ROOT), the environment record every
 results file starts with (date, host, device, driver, versions, load, the flashrt_ros commit
-measured) and the device's slug for file names.
+measured), the device a --device argument names, and the device's slug and the results path
+for file names.
 
 Standard library only at import (torch is imported when a record is made): the starvation
 benchmark's client processes import the modules that import this one, and each of them should
@@ -63,3 +64,18 @@ def environment(device, mode, commit=''):
 def device_slug(env):
     return 'cpu' if env['device'] == 'cpu' else \
         re.sub(r'[^a-z0-9]+', '-', env['device_name'].lower()).strip('-')
+
+
+def resolve_device(name):
+    """The torch device of a --device argument: 'auto' is CUDA where present, else the CPU."""
+    import torch
+    if name == 'auto':
+        name = 'cuda' if torch.cuda.is_available() else 'cpu'
+    return torch.device(name)
+
+
+def results_stem(given, stem):
+    """The stem results are written under (<stem>.json, <stem>.md): --out as given (a .json
+    or .md suffix dropped), else benchmarks/results/<stem>."""
+    out = pathlib.Path(given or ROOT / 'benchmarks' / 'results' / stem)
+    return out.with_suffix('') if out.suffix in ('.json', '.md') else out

@@ -24,14 +24,13 @@ and <out>.md after every section (default benchmarks/results/<date>-<device>-fle
 
 import argparse
 import datetime
-import pathlib
 import sys
 import tempfile
 import time
 
 import torch
 
-from .environment import device_slug, environment, ROOT
+from .environment import device_slug, environment, resolve_device, results_stem, ROOT
 from .fleet_report import render
 from .fleet_sections import ACT_DIM, branches, capsule_ops, FRAMES, fleet_tick, OBS_DIM, OPS, \
     POLICIES, Run
@@ -92,8 +91,7 @@ def main(argv=None):
     threads = args.threads or (1 if args.smoke else 0)
     if threads:
         torch.set_num_threads(threads)
-    device = torch.device('cuda' if args.device == 'auto' and torch.cuda.is_available() else
-                          ('cpu' if args.device == 'auto' else args.device))
+    device = resolve_device(args.device)
     mode = 'smoke' if args.smoke else ('gpu' if device.type == 'cuda' else 'cpu')
     cfg = dict(CONFIGS[mode])
     if args.ns:
@@ -106,8 +104,7 @@ def main(argv=None):
     env = environment(device, f'fleet-{mode}', args.commit)
     stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-fleet' + \
         ('-smoke' if mode == 'smoke' else '')
-    out = pathlib.Path(args.out or ROOT / 'benchmarks' / 'results' / stem)
-    out = out.with_suffix('') if out.suffix in ('.json', '.md') else out
+    out = results_stem(args.out, stem)
     report = Report(out, env, {**cfg, 'policies': POLICIES, 'obs_dim': OBS_DIM,
                                'act_dim': ACT_DIM, 'frames': FRAMES}, render_md=render)
     report.results['command'] = 'python -m benchmarks.fleet ' + ' '.join(

@@ -23,7 +23,6 @@ engines; an op inside the fleet leaves the same actions as the single engine's.
 import argparse
 import datetime
 import gc
-import pathlib
 import random
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import torch
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.policies import make_policy
 
-from .environment import device_slug, environment, ROOT
+from .environment import device_slug, environment, resolve_device, results_stem
 from .report import log, Report
 from .sections import check, free_memory, ratio
 from .timing import interleaved, stats, wall
@@ -246,17 +245,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.smoke:
         torch.set_num_threads(1)
-    device = torch.device('cuda' if args.device == 'auto' and torch.cuda.is_available() else
-                          ('cpu' if args.device == 'auto' else args.device))
+    device = resolve_device(args.device)
     mode = 'smoke' if args.smoke else ('gpu' if device.type == 'cuda' else 'cpu')
     cfg = dict(CONFIGS[mode])
     if args.ns:
         cfg['ns'] = [int(x) for x in args.ns.split(',')]
     env = environment(device, f'fleet-scale-{mode}', args.commit)
     stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-fleet-scale'
-    out = pathlib.Path(args.out or ROOT / 'benchmarks' / 'results' / stem)
-    report = Report(out.with_suffix('') if out.suffix in ('.json', '.md') else out, env,
-                    {**cfg, 'policies': POLICIES}, render_md=render)
+    report = Report(results_stem(args.out, stem), env, {**cfg, 'policies': POLICIES},
+                    render_md=render)
     report.results['command'] = 'python -m benchmarks.fleet_scale ' + ' '.join(
         sys.argv[1:] if argv is None else argv)
     report.results['sections'] = {'ticks': [], 'capsules': []}

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from .capsule_copies import capsule_ops
-from .environment import device_slug, environment, ROOT
+from .environment import device_slug, environment, resolve_device, ROOT
 from .history_model import run_history_sections
 from .report import log, Report
 from .ros_e2e import ros_section
@@ -95,8 +95,7 @@ def main(argv=None):
                     help=f'comma list of sections to run (default all but ros): {SECTIONS}')
     args = ap.parse_args(argv)
 
-    device = torch.device('cuda' if args.device == 'auto' and torch.cuda.is_available() else
-                          ('cpu' if args.device == 'auto' else args.device))
+    device = resolve_device(args.device)
     mode = 'smoke' if args.smoke else 'quick' if args.quick else \
         ('gpu' if device.type == 'cuda' else 'cpu')
     cfg = CONFIGS[mode]
