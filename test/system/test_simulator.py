@@ -36,9 +36,14 @@ def test_quitting_ends_the_world_node(tmp_path):
     try:
         client = node.create_client(SetSimulationState, '/flashrt_sim_quit/set_simulation_state')
         assert client.wait_for_service(timeout_sec=60.0), 'the world did not come up'
+        _answered_once(client, tmp_path / 'world.log')
         request = SetSimulationState.Request()
         request.state.state = SimulationState.STATE_QUITTING
-        response = call_service(client, request, 30.0)[0]
+        try:
+            response = call_service(client, request, 30.0)[0]
+        except TimeoutError as exc:
+            raise AssertionError(f'{exc}; the world printed:\n'
+                                 f'{(tmp_path / "world.log").read_text()}') from exc
         assert response.result.result == Result.RESULT_OK, response.result.error_message
         assert sim.wait(timeout=30) == 0, (tmp_path / 'world.log').read_text()
     finally:
@@ -48,6 +53,27 @@ def test_quitting_ends_the_world_node(tmp_path):
         spinner.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
+
+
+def _answered_once(client, log):
+    """Asks for the state the world is in (PAUSED: ALREADY_IN_TARGET_STATE, no effect) until
+    an answer comes. wait_for_service proves only the client's side of discovery: Fast DDS
+    (rmw_fastrtps, Jazzy) drops a response, after waiting 100 ms, when the server has not yet
+    matched the client's response reader ("failed to send response (timeout)" in the server's
+    log). Only a request that changes nothing may be sent again, so QUITTING goes after this
+    round trip has shown that answers reach this client."""
+    request = SetSimulationState.Request()
+    request.state.state = SimulationState.STATE_PAUSED
+    for _ in range(10):
+        try:
+            response = call_service(client, request, 3.0)[0]
+        except TimeoutError:
+            continue
+        assert response.result.result == SetSimulationState.Response.ALREADY_IN_TARGET_STATE, \
+            response.result.error_message
+        return
+    raise AssertionError(f'no answer to 10 requests in 30 s; the world printed:\n'
+                         f'{log.read_text()}')
 
 
 def _needs_ros2(test):
