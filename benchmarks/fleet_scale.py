@@ -12,7 +12,9 @@ size N, in one interleaved loop (every figure the host wall time of the whole st
   exact      default kernels, session by session inside one graph (N <= exact_max_n);
   engines    min(N, engines_max) single-session engines on default kernels, one after another;
   replay     the invariant and batched engines' graph replay and sync alone: the floor under
-             the whole call (tick / replay says how much the host adds).
+             the whole call (tick / replay says how much the host adds);
+  resident   the invariant and batched fleets given observations already on the device (a
+             GPU-resident farm: validated and staged there, actions returned there).
 Capsule ops: snapshot / restore / fork / rollback(1) on one session of an N-session invariant
 fleet between ticks, against the same op on a single-session invariant engine.
 Identity checks (recorded, exit 1 on failure): the invariant fleet equals single-session
@@ -100,6 +102,14 @@ def tick_row(b, name, n):
                                             for e, i in zip(singles, picks)])
                                for t in range(keep)])
     inv = got['invariant']
+    # observations resident on the device: a fresh invariant fleet equals the host path
+    dframes = torch.from_numpy(frames).to(b.device)
+    resident = b.engine(name, n, 'batch_invariant')
+    check(b.checks, f'{name} N={n}: invariant fleet fed on the device equals it fed from the '
+          f'host bit for bit ({keep} ticks)',
+          torch.equal(torch.stack([resident.step_all(dframes[t % 16]).cpu()
+                                   for t in range(keep)]), inv))
+    del resident
     same = torch.equal(inv[:, picks], singles_out)
     check(b.checks, f'{name} N={n}: invariant fleet equals single-session invariant engines '
           f'at sessions {picks} bit for bit ({keep} ticks)', same)
@@ -107,11 +117,11 @@ def tick_row(b, name, n):
         check(b.checks, f'{name} N={n}: exact fleet equals {m} default engines bit for bit',
               torch.equal(got['exact'][:, :m], engines_out))
 
-    def fleet(k):
+    def fleet(k, feed=frames):
         e = fleets[k]
 
         def tick():
-            e.step_all(frames[tick.i % 16])
+            e.step_all(feed[tick.i % 16])
             tick.i += 1
         tick.i = 0
         return tick
@@ -133,12 +143,14 @@ def tick_row(b, name, n):
 
     walled = {k: fleet(k) for k in fleets}
     walled.update({'engines': step_engines, 'replay_invariant': replay('invariant'),
-                   'replay_batched': replay('batched')})
+                   'replay_batched': replay('batched'),
+                   'resident_invariant': fleet('invariant', dframes),
+                   'resident_batched': fleet('batched', dframes)})
     gc.collect()
     b.sync()
     walls, _ = interleaved(None, {}, {}, cfg['ticks'][n], cfg['warmup'], walled=walled)
     rate = {k: (m if k == 'engines' else n) / (walls[k]['p50'] * 1e-6) for k in walls
-            if not k.startswith('replay')}
+            if not k.startswith(('replay', 'resident'))}
     return {'policy': name, 'n': n, 'engines_built': m, **walls, 'steps_per_s': rate,
             'ratios': {'invariant_vs_batched': ratio(rate['invariant'], rate['batched']),
                        'invariant_vs_engines': ratio(rate['invariant'], rate['engines']),
@@ -147,7 +159,11 @@ def tick_row(b, name, n):
                        'invariant_tick_vs_replay': ratio(walls['invariant']['p50'],
                                                          walls['replay_invariant']['p50']),
                        'batched_tick_vs_replay': ratio(walls['batched']['p50'],
-                                                       walls['replay_batched']['p50'])},
+                                                       walls['replay_batched']['p50']),
+                       'resident_invariant_vs_replay': ratio(
+                           walls['resident_invariant']['p50'], walls['replay_invariant']['p50']),
+                       'resident_batched_vs_replay': ratio(
+                           walls['resident_batched']['p50'], walls['replay_batched']['p50'])},
             'invariant_vs_batched_max_abs_diff': float((inv - got['batched']).abs().max()),
             'invariant_equals_singles': bool(same)}
 
@@ -211,8 +227,9 @@ def render(results):
             '- whole step_all call, host wall p50 / p99 in us; replay = graph replay + sync '
             'alone; variants interleaved in one loop\n',
             '| policy | N | invariant (exact) | batched | exact (per session) | N engines | '
-            'replay inv / bat | inv / batched | inv / engines | tick / replay (inv, bat) |',
-            '|' + ' --- |' * 10]
+            'replay inv / bat | inv / batched | inv / engines | tick / replay (inv, bat) | '
+            'resident p50 inv / bat (/ replay) |',
+            '|' + ' --- |' * 11]
     for r in results['sections'].get('ticks', []):
         def p(k):
             return f'{r[k]["p50"]:.0f} / {r[k]["p99"]:.0f}' if k in r else '-'
@@ -221,7 +238,10 @@ def render(results):
                    f'{p("exact")} | {p("engines")} ({r["engines_built"]}) | '
                    f'{r["replay_invariant"]["p50"]:.0f} / {r["replay_batched"]["p50"]:.0f} | '
                    f'{q["invariant_vs_batched"]:.2f}x | {q["invariant_vs_engines"]:.1f}x | '
-                   f'{q["invariant_tick_vs_replay"]:.2f} / {q["batched_tick_vs_replay"]:.2f} |')
+                   f'{q["invariant_tick_vs_replay"]:.2f} / {q["batched_tick_vs_replay"]:.2f} | '
+                   f'{r["resident_invariant"]["p50"]:.0f} / {r["resident_batched"]["p50"]:.0f} '
+                   f'({q["resident_invariant_vs_replay"]:.2f} / '
+                   f'{q["resident_batched_vs_replay"]:.2f}) |')
     out += ['', '## Capsule ops on one session of an invariant fleet vs a single engine (p50 '
             'us, ratio)\n', '| policy | N | ' + ' | '.join(OPS) + ' |', '|' + ' --- |' * 6]
     for r in results['sections'].get('capsules', []):

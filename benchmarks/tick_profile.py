@@ -1,5 +1,6 @@
 """Where a 4,096-session tick's time goes (CUDA): the graph replay alone, issue (copies in,
-replay, copies out, one sync), the whole step_all call, its host parts, the kernels of one
+replay, copies out, one sync), the whole step_all call (observations from the host, and
+resident on the device), its host parts, the kernels of one
 replay (torch.profiler), and a snapshot of one session right after a tick, after a bare replay
 and after 1 ms idle; for the G1-size LSTM on batch-invariant and on default batched kernels.
 
@@ -40,6 +41,7 @@ def engine(kernels, batched):
 def main():
     print(f'torch {torch.__version__}, {torch.cuda.get_device_name()}, N = {N}')
     obs = np.random.default_rng(0).standard_normal((N, 47)).astype(np.float32)
+    resident = torch.from_numpy(obs).cuda()     # a GPU-resident farm's observations
     for name, e in (('invariant', engine('batch_invariant', False)),
                     ('batched', engine('default', True))):
         graph, program, sync = e.program.graph, e.program, torch.cuda.synchronize
@@ -53,6 +55,7 @@ def main():
             sync()
         print(name, {'replay': p50_us(replay), 'issue': p50_us(issue),
                      'step_all': p50_us(lambda: e.step_all(obs)),
+                     'step_all_resident': p50_us(lambda: e.step_all(resident)),
                      'as_observations': p50_us(lambda: e._observations(obs, rows=N))})
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(20):

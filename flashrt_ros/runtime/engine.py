@@ -42,7 +42,8 @@ from .policies.invariant import verify
 from .ring import RollbackRing
 from .sessions import Session, Sessions
 from .state import BufferSpec, META_TAG, StateArena
-from .step import as_observations, as_tag, StepProgram
+from .step import as_device_observations, as_observations, as_tag, StepProgram, \
+    tick_control
 from .transfer import Timer, Transfer
 
 __all__ = ['EPISODE_START', 'PolicyEngine']     # EPISODE_START: the node imports it from here
@@ -143,10 +144,11 @@ class PolicyEngine:
 
     # -- the step ------------------------------------------------------------------------------
 
-    def _observations(self, obs, rows=None):
-        """step.as_observations for this engine; a refusal is counted."""
+    def _observations(self, obs, rows=None, on_device=False):
+        """step.as_observations (as_device_observations) here; a refusal is counted."""
         try:
-            return as_observations(obs, self.obs_dim, rows)
+            return (as_device_observations if on_device else as_observations)(
+                obs, self.obs_dim, rows)
         except InvalidObservation:
             self.rejected_observations += 1
             raise
@@ -169,33 +171,33 @@ class PolicyEngine:
             return torch.from_numpy(out[:self.act_dim].copy())
 
     def step_all(self, obs, active=None, tags=None):
-        """One tick for the fleet: obs [sessions, obs_dim] -> actions (CPU float32
-        [sessions, act_dim]), one graph replay for every session.
+        """One tick for the fleet: obs [sessions, obs_dim] -> actions (CPU float32 [sessions,
+        act_dim]), one graph replay for every session. obs as a tensor on the engine's device
+        (a GPU-resident farm) is validated and staged there, and the actions come back there.
 
         active: bools [sessions] (default all): sessions left out keep their state bit for
         bit (their rows of obs are ignored but must be finite; their actions are
         meaningless). tags: per session an int in [1, 2**63) or None (see step()).
         last_finite holds each session's finite flag afterwards.
         """
-        n = self.sessions
-        tags = np.zeros(n, dtype=np.int64) if tags is None else \
-            np.array([as_tag(t) for t in tags], dtype=np.int64)
-        mask = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool)
-        if tags.shape != (n,) or mask.shape != (n,):
-            raise InvalidObservation(f'step_all needs {n} tags and {n} active flags, got '
-                                     f'{tags.shape[0]} and {mask.shape}')
+        mask, tags = tick_control(self.sessions, active, tags)
+        on_device = torch.is_tensor(obs) and obs.device == self.program.obs_buf.device
         with self._lock:
-            self.program.obs_np[:] = self._observations(obs, rows=n)
+            staged = self._observations(obs, self.sessions, on_device)
+            if not on_device:
+                self.program.obs_np[:] = staged
             # every session (the usual tick): a slice, so the host work is plain array ops
             which = slice(None) if mask.all() else np.flatnonzero(mask)
-            out = self._step_locked(which, tags[which])
+            out = self._step_locked(which, tags[which], staged if on_device else None)
             self.last_finite = finite = out[:, self.act_dim] == 1.0
             self.last_step_finite = bool(finite[which].all())
-            return torch.from_numpy(out[:, :self.act_dim].copy())
+            act = self.program.act_buf if on_device else torch.from_numpy(out[:, :self.act_dim])
+            return act.clone(memory_format=torch.contiguous_format)
 
-    def _step_locked(self, which, tags):
+    def _step_locked(self, which, tags, device_obs=None):
         """Steps the sessions `which` (an index array, a slice, or one Session), whose obs rows
-        are staged, with their tags (0: none), in one replay; returns the host output
+        are staged (or in device_obs), with their tags (0: none), in one replay; returns the
+        host output
         [sessions, act_dim + 1] (actions, each session's finite flag), valid until the next
         step. Host work: scalar updates for one session, a few numpy operations for a fleet."""
         which = self._sessions[0] if self.sessions == 1 else which    # plain counters
@@ -214,7 +216,7 @@ class PolicyEngine:
                                    'the episode, restore or roll back')
         program.stage_control(slice(which.index, which.index + 1) if one else which, tags)
         with self._timer as timer:      # its exit synchronises the device, once
-            program.issue(top, tags[0])
+            program.issue(top, tags[0], device_obs)
         self._latencies.append(timer.us)
         self._sessions.stepped(which, advance, self.ring.depth)
         self._check()
@@ -291,9 +293,7 @@ class PolicyEngine:
 
     def step_latency_us(self):
         """(p50, p99) over recent steps; NaN before the first step."""
-        if not self._latencies:
-            return math.nan, math.nan
-        xs = sorted(self._latencies)
+        xs = sorted(self._latencies) or [math.nan]
         return xs[len(xs) // 2], xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
 
     def _check(self):

@@ -53,12 +53,40 @@ def as_observations(obs, obs_dim, rows=None):
     return a
 
 
+def as_device_observations(obs, obs_dim, rows):
+    """obs, a tensor already on the engine's device (a GPU-resident farm's observations),
+    as float32 [rows, obs_dim], validated there before anything of the state is touched:
+    one reduction and one wait, instead of a copy through the host."""
+    if obs.is_complex() or obs.dtype == torch.bool:
+        raise InvalidObservation(f'observation is not real numbers: {obs.dtype}')
+    if tuple(obs.shape) != (rows, obs_dim):
+        raise InvalidObservation(f'observation has shape {tuple(obs.shape)}, expected '
+                                 f'{(rows, obs_dim)} (obs_dim {obs_dim})')
+    a = obs.detach().to(torch.float32)
+    if not bool(torch.isfinite(a).all()):
+        idx = torch.nonzero(~torch.isfinite(a))[0].tolist()
+        raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
+    return a
+
+
 def as_tag(tag):
     """A step tag (an int in [1, 2**63)) or 0 for None; InvalidObservation otherwise."""
     if tag is not None and not (isinstance(tag, int) and not isinstance(tag, bool)
                                 and 0 < tag < 1 << 63):
         raise InvalidObservation(f'step tag must be an int in [1, 2**63), got {tag!r}')
     return tag or 0
+
+
+def tick_control(sessions, active, tags):
+    """step_all's active flags and tags as arrays [sessions] (bool, int64; None: every session
+    steps, untagged); InvalidObservation when either is malformed."""
+    tags = np.zeros(sessions, dtype=np.int64) if tags is None else \
+        np.array([as_tag(t) for t in tags], dtype=np.int64)
+    mask = np.ones(sessions, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+    if tags.shape != (sessions,) or mask.shape != (sessions,):
+        raise InvalidObservation(f'step_all needs {sessions} tags and {sessions} active '
+                                 f'flags, got {tags.shape[0]} and {mask.shape}')
+    return mask, tags
 
 
 class Feedback(NamedTuple):
@@ -244,12 +272,16 @@ class StepProgram:
         elif tags[0]:
             ctl[0, 1] = tags[0]
 
-    def issue(self, position, tagged):
-        """Device side of a tick, asynchronous until the caller's sync: staged obs (and
-        control) in, the step for `position`, the tag of a single session (tagged), the
-        output back into out_np."""
+    def issue(self, position, tagged, device_obs=None):
+        """Device side of a tick, asynchronous until the caller's sync: staged obs (from
+        obs_np, or device_obs: a validated tensor on the device, copied there), control in,
+        the step for `position`, the tag of a single session (tagged), the output back into
+        out_np."""
         copy, n = self.transfer.copy, self.sessions
-        copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
+        if device_obs is None:
+            copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
+        else:
+            self.obs_buf.copy_(device_obs)
         if n > 1:
             copy(self._ctl_buf, self._ctl_host, 16 * n)
         self.graph_for(position).replay()

@@ -90,7 +90,8 @@ def test_fleet_scale_smoke_run(tmp_path):
     assert sorted((r['policy'], r['n']) for r in ticks) == \
         sorted((p, n) for p in fleet_scale.POLICIES for n in smoke['ns'])
     for r in ticks:
-        for variant in ('invariant', 'batched', 'exact', 'engines', 'replay_invariant'):
+        for variant in ('invariant', 'batched', 'exact', 'engines', 'replay_invariant',
+                        'resident_invariant', 'resident_batched'):
             assert r[variant]['n'] == smoke['ticks'][r['n']], (r['n'], variant)
         assert r['invariant_equals_singles'] and r['ratios']['invariant_vs_batched'] > 0
         assert 0 <= r['invariant_vs_batched_max_abs_diff'] < 1e-3    # rounding only
@@ -98,7 +99,8 @@ def test_fleet_scale_smoke_run(tmp_path):
     assert len(capsules) == len(fleet_scale.POLICIES) * len(smoke['capsule_ns'])
     assert all(r['replay_identical'] for r in capsules)
     checks = data['checks']
-    per_policy = 2 * len(smoke['ns']) + len(smoke['capsule_ns'])
+    # per N: invariant = singles, fed on the device = from the host, exact = engines
+    per_policy = 3 * len(smoke['ns']) + len(smoke['capsule_ns'])
     assert len(checks) == len(fleet_scale.POLICIES) * per_policy
     assert all(c['passed'] for c in checks), [c for c in checks if not c['passed']]
-    assert 'Identity checks: 10 / 10' in out.with_suffix('.md').read_text()
+    assert 'Identity checks: 14 / 14' in out.with_suffix('.md').read_text()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashrt_ros.runtime.engine import PolicyEngine
-from flashrt_ros.runtime.errors import InvalidConfig, RollbackUnavailable
+from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation, RollbackUnavailable
 from flashrt_ros.runtime.policies import make_policy, ScriptedPolicy
 from support.rsl_models import ExportedLSTM, rsl_actor
 
@@ -265,3 +265,45 @@ def test_one_batch_for_the_fleet_matches_single_sessions_cuda(spec, tmp_path):
 def test_batch_sessions_is_refused_for_policies_that_step_alone(tmp_path):
     with pytest.raises(InvalidConfig, match='steps one session at a time'):
         _engine(POLICIES[-1], tmp_path, 2, batch_sessions=True)
+
+
+def _resident_equals_host(spec, tmp_path, device):
+    """Observations already on the engine's device (a GPU-resident farm) step exactly as the
+    same observations given from the host, active masks and tags included; the actions come
+    back on that device, contiguous; and bad input there is refused before the state moves."""
+    host, resident = _engine(spec, tmp_path, N, device), _engine(spec, tmp_path, N, device)
+    obs = _streams(10)
+    for t in range(10):
+        active = None if t % 3 else [i != t % N for i in range(N)]
+        tags = [t * N + i + 1 for i in range(N)]
+        want = host.step_all(obs[t], active, tags)
+        got = resident.step_all(torch.from_numpy(obs[t]).to(device), active, tags)
+        assert got.device.type == torch.device(device).type and got.is_contiguous()
+        assert want.device.type == 'cpu'
+        assert torch.equal(got.cpu(), want), (spec[0], t)
+        assert np.array_equal(resident.last_finite, host.last_finite)
+    assert all(b.equal(c) for b, c in zip(_blocks(host), _blocks(resident)))
+    before, refused = _blocks(resident), resident.rejected_observations
+    good = torch.from_numpy(obs[0]).to(device)
+    bad = good.clone()
+    bad[N - 1, OBS - 2] = float('nan')
+    for wrong in (bad, good[:, :-1], good.to(torch.complex64), good > 0):
+        with pytest.raises(InvalidObservation):
+            resident.step_all(wrong)
+    assert resident.rejected_observations == refused + 4
+    assert all(b.equal(c) for b, c in zip(before, _blocks(resident)))
+    # float64 on the device is taken as numpy takes it from the host: rounded to float32
+    assert torch.equal(resident.step_all(good.double()).cpu(), host.step_all(obs[0]))
+
+
+@pytest.mark.parametrize('spec', POLICIES[:4], ids=IDS[:4])
+def test_device_resident_observations_step_as_host_ones(spec, tmp_path):
+    _resident_equals_host(spec, tmp_path, 'cpu')
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('spec', POLICIES, ids=IDS)
+def test_device_resident_observations_step_as_host_ones_cuda(spec, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA device: run on the GPU machine')
+    _resident_equals_host(spec, tmp_path, 'cuda')
