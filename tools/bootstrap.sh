@@ -83,7 +83,9 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "${site_flag[@]}" "$VENV"
   log "installing Python packages into .venv ($ros_mode ROS, $torch_mode torch)"
   reqs=(-r requirements/runtime.txt)
-  [ $torch_mode = wheel ] && reqs+=(torch==2.13.0)
+  # torch with torchvision: PyPI builds torchvision against its CUDA torch only (beside the CPU
+  # wheel it fails to import), and LeRobot's policies import it; the CUDA build runs on CPUs
+  [ $torch_mode = wheel ] && reqs+=(torch==2.14.1 torchvision==0.29.1)
   if [ $ros_mode = wheels ]; then
     reqs+=(-r requirements/ros-jazzy.txt)
   else
@@ -95,6 +97,8 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp_want" ]; then
   # ONNX loading (onnx2pytorch): --no-deps, since its torchvision requirement would replace
   # the pinned torch; every dependency it needs is pinned in the file instead.
   quiet_pip install --no-deps -r requirements/onnx.txt
+  # LeRobot's vision-language-action policies: --no-deps too (requirements/vla.txt says why)
+  quiet_pip install --no-deps -r requirements/vla.txt
   # Test fixtures (requirements/test.txt), all --no-deps so pip never replaces the pinned torch:
   # each rsl-rl-lib pin in its own folder (two versions cannot share one site-packages), the
   # rest in deps/. Only the fixture builder (test/support/policy_exports.py) puts them on sys.path.

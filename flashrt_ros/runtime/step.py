@@ -197,7 +197,10 @@ class StepProgram:
         step cost grows with the history span (spans()) gets one step per span, all in one
         graph memory pool; a tick runs the smallest span covering the position."""
         device = self.arena.device
-        enabled = bool(cuda_graph) and device.type == 'cuda'
+        # a policy with capturable = False (a host-side branch, host-built tensors: e.g.
+        # lerobot_chunk.py) runs eagerly on CUDA too
+        enabled = bool(cuda_graph) and device.type == 'cuda' and \
+            getattr(self.policy, 'capturable', True)
         self.spans = list(getattr(self.policy, 'spans', list)()) or [None]
         self.graphs, pool = [], None
         for span in self.spans:
@@ -313,6 +316,8 @@ class StepProgram:
                 if v.is_floating_point() and v.numel():
                     v.copy_(torch.randn(v.shape, generator=gen, device=device) * 0.5)
         self.obs_buf.copy_(torch.randn(self.obs_buf.shape, generator=gen, device=device))
+        # policy.valid_probe(obs): makes them valid where some inputs are not free floats
+        getattr(self.policy, 'valid_probe', lambda obs: None)(self.obs_buf)
         if self.advances:
             span = self.spans[i] or self.arena.capacity
             self.meta_all[:, META_POSITION] = span - 1

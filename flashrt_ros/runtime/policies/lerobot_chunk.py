@@ -1,0 +1,146 @@
+'''SmolVLAChunkPolicy: a LeRobot SmolVLA policy (cameras, instruction, state -> action chunks)
+whose execution state lives in the arena, so that a capsule holds all of it.
+
+LeRobot's select_action keeps a deque of actions and, when it runs empty, computes a chunk:
+the prefix (images through SigLIP, instruction tokens, state) through the VLM fills a KV cache,
+and num_steps flow-matching steps run the action expert against that cache, starting from
+Gaussian noise. Here the same modules run the same operations, but every piece of state is an
+arena buffer: the chunk's remaining actions and how many are left, the prefix KV cache of every
+layer and the prefix's pad mask, and the rng counter the noise is drawn from (base.
+gaussian_noise: a pure function of (seed, counter), so a restored capsule draws the same
+future chunks). Given the same inputs and noise, the actions are LeRobot's select_action bit
+for bit on the same device (test/unit/test_lerobot_chunk.py).
+
+The observation is one float32 vector, as for every policy here, in this order: the state
+(its dims), each camera's image in [0, 1] as 3 x H x W (the cameras of the checkpoint's
+config, in its order), the instruction's token ids (tokenizer_max_length of them, padded) and
+their attention mask (1 or 0). Token ids travel as float32, exact below 2**24.
+
+Not yet (issue 24): capture in a CUDA graph (LeRobot's embed_prefix builds tensors from host
+lists on every call, and the chunk is a host-side branch: this kind runs eager, on any device),
+the node's camera and instruction topics, trajectory output, normalisation from the
+checkpoint's processor files (inputs are taken normalised, actions given unnormalised as the
+model emits them), ACT temporal ensembling and real-time chunking.
+'''
+
+import torch
+
+from ..errors import InvalidConfig
+from ..state import BufferSpec
+from .base import gaussian_noise, Policy
+
+STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
+    'observation.language.attention_mask'
+
+
+class SmolVLAChunkPolicy(Policy):
+    '''A lerobot SmolVLAPolicy (built, or SmolVLAPolicy.from_pretrained(folder)) as a policy
+    over arena state. cameras: {feature key: (3, H, W)} of the images the node will give
+    (default: the config's image features, at their configured shapes).'''
+
+    kind = 'smolvla'
+    capturable = False      # see the module note
+
+    def __init__(self, lerobot_policy, cameras=None, seed=0):
+        cfg = lerobot_policy.config
+        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
+            raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
+                                'supported yet')
+        state_dim = cfg.input_features[STATE].shape[0]
+        cams = {k: tuple(f.shape) for k, f in cfg.image_features.items()} if cameras is None \
+            else {k: tuple(int(s) for s in v) for k, v in cameras.items()}
+        unknown = sorted(set(cams) - set(cfg.image_features))
+        if unknown or not cams or any(len(s) != 3 or s[0] != 3 for s in cams.values()):
+            raise InvalidConfig(f'smolvla cameras {cams}: each a (3, H, W) image of the '
+                                f'config\'s {sorted(cfg.image_features)}')
+        self.tokens = int(cfg.tokenizer_max_length)
+        obs_dim = state_dim + sum(3 * h * w for _, h, w in cams.values()) + 2 * self.tokens
+        super().__init__(obs_dim, cfg.output_features['action'].shape[0], seed=seed)
+        self.lerobot = lerobot_policy.eval()
+        self.state_dim, self.cameras = state_dim, cams
+        self.chunk, self.steps = int(cfg.chunk_size), int(cfg.n_action_steps)
+        self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
+        # the prefix's length and the cache's layout, from one prefix pass on zeros
+        kv, pad = self._prefix(torch.zeros(obs_dim, device=self.device))
+        first = kv[0]['key_states']
+        self.layers, self.kv_shape = len(kv), tuple(first.shape)
+        self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+
+    def config(self):
+        return {**super().config(), 'cameras': sorted(self.cameras.items()),
+                'chunk': self.chunk, 'n_action_steps': self.steps, 'tokens': self.tokens,
+                'lerobot': self.lerobot.config.to_dict() if hasattr(
+                    self.lerobot.config, 'to_dict') else repr(self.lerobot.config)}
+
+    def state_specs(self):
+        cache = (self.layers, *self.kv_shape)
+        return [BufferSpec('queue', (self.steps, self.act_dim), torch.float32, 'chunk'),
+                BufferSpec('left', (1,), torch.int64, 'chunk'),
+                BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
+                BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
+                BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
+                self._rng_spec()]
+
+    def _inputs(self, obs):
+        '''The LeRobot batch the observation vector packs (views, no copies but the tokens).'''
+        batch, at = {STATE: obs[:self.state_dim].view(1, -1)}, self.state_dim
+        for key, (c, h, w) in self.cameras.items():
+            batch[key] = obs[at:at + c * h * w].view(1, c, h, w)
+            at += c * h * w
+        batch[TOKENS] = obs[at:at + self.tokens].view(1, -1).to(torch.long)
+        batch[MASK] = obs[at + self.tokens:].view(1, -1) != 0
+        return batch
+
+    def _prefix(self, obs):
+        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).'''
+        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+        model, batch = self.lerobot.model, self._inputs(obs)
+        images, img_masks = self.lerobot.prepare_images(batch)
+        state = self.lerobot.prepare_state(batch)
+        embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
+                                            state=state)
+        _, kv = model.vlm_with_expert.forward(
+            attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
+            past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
+            fill_kv_cache=True)
+        return kv, pad
+
+    def valid_probe(self, obs):
+        '''The engine's determinism probe fills observations with random floats: valid token
+        ids (0) and an attention mask (1) instead, in place.'''
+        obs[..., -2 * self.tokens:-self.tokens] = 0
+        obs[..., -self.tokens:] = 1
+
+    @torch.no_grad()
+    def step(self, obs, action):
+        v = self.views
+        if int(v['left']) == 0:     # the queue ran empty: the next chunk (host branch)
+            self._next_chunk(obs)
+        action.copy_(v['queue'][self.steps - int(v['left'])])
+        v['left'].sub_(1)
+
+    def _next_chunk(self, obs):
+        v, model, cfg = self.views, self.lerobot.model, self.lerobot.config
+        kv, pad = self._prefix(obs)
+        for i in range(self.layers):
+            v['prefix_k'][i].copy_(kv[i]['key_states'])
+            v['prefix_v'][i].copy_(kv[i]['value_states'])
+        v['prefix_pad'].copy_(pad)
+        cache = {i: {'key_states': v['prefix_k'][i], 'value_states': v['prefix_v'][i]}
+                 for i in range(self.layers)}
+        x = self.noise()
+        v['rng'][1:2].add_(1)
+        dt = -1.0 / cfg.num_steps
+        for k in range(cfg.num_steps):
+            t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
+            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=v['prefix_pad'],
+                                            past_key_values=cache, timestep=t)
+        v['queue'].copy_(x[0, :self.steps, :self.act_dim])
+        v['left'].fill_(self.steps)
+
+    def noise(self):
+        '''The flow-matching start of the next chunk, [1, chunk_size, max_action_dim]: a pure
+        function of the rng buffer (seed, counter), which the chunk then advances.'''
+        rng = self.views['rng']
+        n = self.noise_shape[1] * self.noise_shape[2]
+        return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
