@@ -94,6 +94,12 @@ class _Sim:
             wait_for(lambda: self.clock_sub.get_publisher_count() > 0, TIMEOUT,
                      what='/clock of the world node to match')
             assert self.action.wait_for_server(timeout_sec=TIMEOUT), 'no simulate_steps'
+            # wait_for_server sees the server from the client's side only; feedback published
+            # before the server's participant has discovered (and so matched) the client's
+            # feedback reader goes to nobody (seen under load: 3 of 5 feedback messages)
+            feedback = f'/{name}/simulate_steps/_action/feedback'
+            wait_for(lambda: self.node.count_subscribers(feedback) > 0, TIMEOUT,
+                     what='the server to discover the feedback reader')
         except BaseException:
             self.close()
             raise

@@ -53,9 +53,28 @@ def smolvla(vlm_path, seed=0, chunk_size=8, n_action_steps=5, num_steps=3):
         vlm_model_name=str(vlm_path), load_vlm_weights=False, chunk_size=chunk_size,
         n_action_steps=n_action_steps, num_vlm_layers=4, num_steps=num_steps,
         resize_imgs_with_padding=(64, 64), max_state_dim=16, max_action_dim=16,
-        tokenizer_max_length=TOKENS, input_features=features,
+        tokenizer_max_length=TOKENS, pad_language_to='max_length', input_features=features,
         output_features={'action': PolicyFeature(FeatureType.ACTION, (ACT_DIM,))},
         device='cpu')
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return SmolVLAPolicy(config).eval()
+
+
+def statistics(seed=0):
+    """Dataset statistics (mean/std) for the state and the action, as a LeRobot dataset has."""
+    gen = torch.Generator().manual_seed(seed)
+    return {key: {'mean': torch.randn(n, generator=gen),
+                  'std': torch.rand(n, generator=gen) + 0.5}
+            for key, n in (('observation.state', STATE_DIM), ('action', ACT_DIM))}
+
+
+def checkpoint(vlm_path, folder, seed=0):
+    """A LeRobot checkpoint folder as training writes it: the policy's config.json and
+    model.safetensors, and its pre/post-processor pipelines with their statistics."""
+    from lerobot.policies.smolvla.processor_smolvla import make_smolvla_pre_post_processors
+    policy = smolvla(vlm_path, seed)
+    pre, post = make_smolvla_pre_post_processors(policy.config, statistics(seed))
+    for part in (policy, pre, post):
+        part.save_pretrained(folder)
+    return str(folder)

@@ -16,11 +16,15 @@ The observation is one float32 vector, as for every policy here, in this order: 
 config, in its order), the instruction's token ids (tokenizer_max_length of them, padded) and
 their attention mask (1 or 0). Token ids travel as float32, exact below 2**24.
 
+The state is normalised and the actions unnormalised as LeRobot's processor pipeline does it
+(NormalizerProcessorStep / UnnormalizerProcessorStep: the same operations in the same order),
+with the statistics of the checkpoint's policy_preprocessor files (from_pretrained) or given;
+a config that normalises state or actions with no statistics is refused, never run raw.
+
 Not yet (issue 24): capture in a CUDA graph (LeRobot's embed_prefix builds tensors from host
 lists on every call, and the chunk is a host-side branch: this kind runs eager, on any device),
-the node's camera and instruction topics, trajectory output, normalisation from the
-checkpoint's processor files (inputs are taken normalised, actions given unnormalised as the
-model emits them), ACT temporal ensembling and real-time chunking.
+the node's camera and instruction topics, trajectory output, ACT temporal ensembling and
+real-time chunking.
 '''
 
 import torch
@@ -41,7 +45,7 @@ class SmolVLAChunkPolicy(Policy):
     kind = 'smolvla'
     capturable = False      # see the module note
 
-    def __init__(self, lerobot_policy, cameras=None, seed=0):
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
         if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
             raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
@@ -57,6 +61,12 @@ class SmolVLAChunkPolicy(Policy):
         obs_dim = state_dim + sum(3 * h * w for _, h, w in cams.values()) + 2 * self.tokens
         super().__init__(obs_dim, cfg.output_features['action'].shape[0], seed=seed)
         self.lerobot = lerobot_policy.eval()
+        # the statistics are buffers: they move with the model and are in its digest
+        self._modes = {}
+        for key, ftype in ((STATE, 'STATE'), ('action', 'ACTION')):
+            self._modes[key], found = _statistics(cfg, key, ftype, stats)
+            for name, value in found.items():
+                self.register_buffer(f'{key.replace(".", "_")}_{name}', value)
         self.state_dim, self.cameras = state_dim, cams
         self.chunk, self.steps = int(cfg.chunk_size), int(cfg.n_action_steps)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
@@ -65,6 +75,19 @@ class SmolVLAChunkPolicy(Policy):
         first = kv[0]['key_states']
         self.layers, self.kv_shape = len(kv), tuple(first.shape)
         self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+
+    @classmethod
+    def from_pretrained(cls, folder, cameras=None, seed=0):
+        '''A LeRobot checkpoint folder (config.json, model.safetensors and the processor files
+        save_pretrained writes), loaded by LeRobot itself; the statistics are those of its
+        policy_preprocessor's normaliser.'''
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+        from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
+        pre = PolicyProcessorPipeline.from_pretrained(
+            folder, config_filename='policy_preprocessor.json')
+        found = [s.stats for s in pre.steps if isinstance(s, NormalizerProcessorStep)]
+        return cls(SmolVLAPolicy.from_pretrained(folder), stats=found[0] if found else None,
+                   cameras=cameras, seed=seed)
 
     def config(self):
         return {**super().config(), 'cameras': sorted(self.cameras.items()),
@@ -83,7 +106,8 @@ class SmolVLAChunkPolicy(Policy):
 
     def _inputs(self, obs):
         '''The LeRobot batch the observation vector packs (views, no copies but the tokens).'''
-        batch, at = {STATE: obs[:self.state_dim].view(1, -1)}, self.state_dim
+        batch, at = {STATE: self._normalised(STATE, obs[:self.state_dim].view(1, -1))}, \
+            self.state_dim
         for key, (c, h, w) in self.cameras.items():
             batch[key] = obs[at:at + c * h * w].view(1, c, h, w)
             at += c * h * w
@@ -104,6 +128,19 @@ class SmolVLAChunkPolicy(Policy):
             past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
             fill_kv_cache=True)
         return kv, pad
+
+    def _normalised(self, key, x, inverse=False):
+        '''LeRobot's NormalizerProcessorStep._apply_transform, the same operations in order.'''
+        mode, prefix, eps = self._modes[key], key.replace('.', '_'), 1e-8
+        if mode == 'mean_std':
+            mean, std = getattr(self, prefix + '_mean'), getattr(self, prefix + '_std')
+            return x * std + mean if inverse else (x - mean) / (std + eps)
+        if mode == 'min_max':
+            low, high = getattr(self, prefix + '_min'), getattr(self, prefix + '_max')
+            span = high - low
+            span = torch.where(span == 0, torch.tensor(eps, device=x.device), span)
+            return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
+        return x
 
     def valid_probe(self, obs):
         '''The engine's determinism probe fills observations with random floats: valid token
@@ -135,7 +172,7 @@ class SmolVLAChunkPolicy(Policy):
             t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
             x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=v['prefix_pad'],
                                             past_key_values=cache, timestep=t)
-        v['queue'].copy_(x[0, :self.steps, :self.act_dim])
+        v['queue'].copy_(self._normalised('action', x[0, :self.steps, :self.act_dim], True))
         v['left'].fill_(self.steps)
 
     def noise(self):
@@ -144,3 +181,23 @@ class SmolVLAChunkPolicy(Policy):
         rng = self.views['rng']
         n = self.noise_shape[1] * self.noise_shape[2]
         return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
+
+
+def _statistics(cfg, key, feature_type, stats):
+    '''(mode, float32 statistics) of LeRobot's (Un)NormalizerProcessorStep for feature `key`:
+    ('identity', {}), ('mean_std', mean and std) or ('min_max', min and max).'''
+    from lerobot.configs.types import FeatureType, NormalizationMode
+    mode = cfg.normalization_mapping.get(getattr(FeatureType, feature_type),
+                                         NormalizationMode.IDENTITY)
+    if mode == NormalizationMode.IDENTITY:
+        return 'identity', {}
+    if mode not in (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX):
+        raise InvalidConfig(f'smolvla: normalisation {mode.value} of {key!r} is not supported '
+                            'yet')
+    have = (stats or {}).get(key)
+    names = ('mean', 'std') if mode == NormalizationMode.MEAN_STD else ('min', 'max')
+    if have is None or any(n not in have for n in names):
+        raise InvalidConfig(f'smolvla: the config normalises {key!r} ({mode.value}) and no '
+                            f'{"/".join(names)} statistics were given (load the checkpoint '
+                            'with from_pretrained, or pass stats=): its actions would be wrong')
+    return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
