@@ -110,3 +110,10 @@ class HistoryConfig(PolicyConfig):
         o = super().options()
         o['capacity'] = o.pop('history_capacity')
         return o
+
+
+@dataclass
+class SmolVLAConfig(PolicyConfig):
+    '''A LeRobot SmolVLA checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim
+    and act_dim must be the checkpoint's (state, each camera's 3 x H x W, the instruction's
+    token ids and mask; its action size).'''

@@ -22,6 +22,7 @@ class PolicyKind(_StringEnum):
     MLP = 'mlp'                 # feed-forward: no state but the noise counters
     RECURRENT = 'recurrent'     # LSTM/GRU state (or a file's own state buffers)
     HISTORY = 'history'         # the hybrid history model: KV cache, recurrence, chunks
+    SMOLVLA = 'smolvla'         # a LeRobot SmolVLA checkpoint: prefix KV cache, action chunk
 
 
 class Tier(_StringEnum):

@@ -15,57 +15,22 @@ import torch
 pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
                     reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
 
-from lerobot.policies.factory import make_pre_post_processors  # noqa: E402
 from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy  # noqa: E402
 
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy  # noqa: E402
-from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, smolvla, STATE_DIM,  # noqa: E402
-                             vlm_folder)
+from support.smolvla import (ACT_DIM, checkpoint, frames, pipeline, smolvla,  # noqa: E402
+                             STATE_DIM, vectors, vlm_folder)
 
 STEPS, CHUNK, SEED = 5, 8, 7      # n_action_steps, chunk_size, the engine's noise seed
-TASKS = ['pick up the red cube', 'open the drawer']
 
 
 @pytest.fixture(scope='module')
 def folders(tmp_path_factory):
     vlm = vlm_folder(tmp_path_factory.mktemp('smolvlm'))
     return vlm, checkpoint(vlm, tmp_path_factory.mktemp('checkpoint'))
-
-
-def _pipeline(folder):
-    """LeRobot's pre- and post-processor of the checkpoint, as its own scripts load them."""
-    return make_pre_post_processors(SmolVLAPolicy.from_pretrained(folder).config, folder)
-
-
-def _frames(count, seed=0):
-    """Raw observations (state, images in [0, 1], the task) as a robot gives them."""
-    rng = np.random.default_rng(seed)
-    return [{'observation.state': torch.from_numpy(rng.standard_normal(STATE_DIM) * 2 + 1
-                                                   ).float(),
-             **{k: torch.from_numpy(rng.random(s, dtype=np.float32)) for k, s in
-                CAMERAS.items()},
-             'task': TASKS[t // 7 % 2]} for t in range(count)]
-
-
-def _vector(frame, tokens, mask):
-    """The engine's observation: raw state, images, the task's token ids and mask."""
-    return np.concatenate([frame['observation.state'].numpy(),
-                           *[frame[k].numpy().ravel() for k in CAMERAS],
-                           tokens.numpy().ravel().astype(np.float32),
-                           mask.numpy().ravel().astype(np.float32)])
-
-
-def _vectors(folder, frames):
-    pre, _ = _pipeline(folder)
-    out = []
-    for frame in frames:
-        batch = pre(dict(frame))
-        out.append(_vector(frame, batch['observation.language.tokens'],
-                           batch['observation.language.attention_mask']))
-    return out
 
 
 def _engine(folder, tmp_path):
@@ -75,10 +40,10 @@ def _engine(folder, tmp_path):
 
 def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path):
     _, folder = folders
-    reference, (pre, post) = SmolVLAPolicy.from_pretrained(folder).eval(), _pipeline(folder)
+    reference, (pre, post) = SmolVLAPolicy.from_pretrained(folder).eval(), pipeline(folder)
     engine = _engine(folder, tmp_path)
-    frames = _frames(3 * STEPS + 2)
-    for t, (frame, obs) in enumerate(zip(frames, _vectors(folder, frames))):
+    batch = frames(3 * STEPS + 2)
+    for t, (frame, obs) in enumerate(zip(batch, vectors(folder, batch))):
         # LeRobot computes a chunk when its queue is empty: give it the noise the engine's
         # rng buffer draws for that chunk (seed SEED, counter = chunks so far)
         noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([t // STEPS]),
@@ -87,7 +52,7 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path):
         got = engine.step(obs)
         assert got.shape == (ACT_DIM,) and torch.equal(got, want), t
     state = engine.policy.views
-    assert int(state['left']) == STEPS - (len(frames) % STEPS)
+    assert int(state['left']) == STEPS - (len(batch) % STEPS)
     assert int(state['rng'][1]) == 4 and state['prefix_pad'].any()
     # normalisation is in force: the same steps with the statistics ignored differ
     assert not torch.equal(engine.policy.observation_state_mean,
@@ -97,12 +62,12 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path):
 def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_path):
     vlm, folder = folders
     engine = _engine(folder, tmp_path)
-    vectors = _vectors(folder, _frames(2 * STEPS + 6, seed=1))
-    for obs in vectors[:STEPS + 2]:
+    obs_seq = vectors(folder, frames(2 * STEPS + 6, seed=1))
+    for obs in obs_seq[:STEPS + 2]:
         engine.step(obs)
     engine.snapshot('mid')
     # the replay crosses the next chunk, computed from the restored rng counter and inputs
-    later = vectors[STEPS + 2:]
+    later = obs_seq[STEPS + 2:]
     want = torch.stack([engine.step(obs) for obs in later])
     for _ in range(8):
         engine.restore('mid')

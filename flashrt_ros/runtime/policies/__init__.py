@@ -6,12 +6,13 @@ KINDS. make_policy() builds any kind from keyword arguments; build_policy() from
 
 import torch
 
-from ..config import HistoryConfig, MLPConfig, RecurrentConfig
+from ..config import HistoryConfig, MLPConfig, RecurrentConfig, SmolVLAConfig
 from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
+from .lerobot_chunk import SmolVLAChunkPolicy
 from .loaders import from_file, weights
 from .recurrent import RecurrentPolicy
 from .scripted import ScriptedPolicy
@@ -21,11 +22,12 @@ KINDS = {
     PolicyKind.MLP: (FeedForwardPolicy, MLPConfig),
     PolicyKind.RECURRENT: (RecurrentPolicy, RecurrentConfig),
     PolicyKind.HISTORY: (HistoryPolicy, HistoryConfig),
+    PolicyKind.SMOLVLA: (SmolVLAChunkPolicy, SmolVLAConfig),
 }
 
 __all__ = ['ACTIVATIONS', 'build_policy', 'FeedForwardPolicy', 'gaussian_noise',
            'HistoryPolicy', 'KINDS', 'linear_scan', 'make_policy', 'ObservationHistory',
-           'Policy', 'RecurrentPolicy', 'ScriptedPolicy', 'TermHistory']
+           'Policy', 'RecurrentPolicy', 'ScriptedPolicy', 'SmolVLAChunkPolicy', 'TermHistory']
 
 
 def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activation='',
@@ -38,6 +40,11 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
     if kind not in KINDS:
         raise InvalidConfig(f'unknown policy kind {kind!r}; one of {sorted(KINDS)}')
     cls = KINDS[kind][0]
+    if kind == PolicyKind.SMOLVLA:
+        if sizes or activation:
+            raise InvalidConfig(f'a {kind} policy takes its sizes, activation and noise from '
+                                f'its checkpoint, not {dict(sizes, activation=activation)}')
+        return _lerobot(cls, obs_dim, act_dim, file, seed, obs_history, term_history).to(device)
     in_dim = obs_dim * obs_history
     if term_history:
         frame = sum(size for size, _ in term_history)
@@ -67,6 +74,23 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
     elif term_history:
         policy = TermHistory(policy, term_history)
     return policy.to(device)
+
+
+def _lerobot(cls, obs_dim, act_dim, folder, seed, obs_history, term_history):
+    '''A LeRobot checkpoint folder's policy; its sizes must be the ones asked for.'''
+    if not folder:
+        raise InvalidConfig(f'a {cls.kind} policy needs policy_file: a LeRobot checkpoint '
+                            'folder (config.json, model.safetensors, the processor files)')
+    if obs_history > 1 or term_history:
+        raise InvalidConfig(f'a {cls.kind} policy takes one observation: no obs_history or '
+                            'observation terms')
+    policy = cls.from_pretrained(folder, seed=seed)
+    if (policy.obs_dim, policy.act_dim) != (obs_dim, act_dim):
+        raise InvalidConfig(f'{folder}: the checkpoint takes obs_dim {policy.obs_dim} (state '
+                            f'{policy.state_dim}, cameras {policy.cameras}, {policy.tokens} '
+                            f'tokens and their mask) and gives act_dim {policy.act_dim}, not '
+                            f'{obs_dim} and {act_dim}')
+    return policy
 
 
 def build_policy(config, device='cpu', term_history=None):
