@@ -44,3 +44,86 @@ def test_what_is_not_the_checkpoint_is_refused_at_configure(make, folder, wrong)
     h = make(dict(_params(folder), **wrong), start=False)
     assert not h.client.change_state('configure')
     assert h.node.parts is None
+
+
+def _image_msgs(image, key):
+    """One uint8 image [H, W, 3] as the camera of `key` publishes it: rgb8 for the top camera,
+    a PNG CompressedImage for the wrist one (lossless, so the pixels are the same)."""
+    import io
+
+    from PIL import Image as PILImage
+    from sensor_msgs.msg import CompressedImage, Image
+    if key.endswith('top'):
+        h, w, _ = image.shape
+        return Image(height=h, width=w, encoding='rgb8', step=3 * w, data=image.tobytes())
+    buffer = io.BytesIO()
+    PILImage.fromarray(image).save(buffer, format='PNG')
+    return CompressedImage(format='png', data=buffer.getvalue())
+
+
+def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
+    """vla_inputs packs Image / CompressedImage, JointState (other joints, another order) and
+    the instruction (parameter, then ~/instruction) into the node's observation: its actions
+    are the engine's on the same frames tokenized by LeRobot's own pre-processor."""
+    import numpy as np
+    import rclpy
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import CompressedImage, Image, JointState
+    from std_msgs.msg import String
+    import torch
+
+    from flashrt_ros.client import spin_in_thread
+    from flashrt_ros.node.vla_inputs import VLAInputs
+    from support.common import wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    h = make(_params(folder))
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    bridge = VLAInputs(h.name + '_inputs', parameter_overrides=[
+        Parameter('checkpoint', value=folder), Parameter('policy', value='/' + h.name),
+        Parameter('camera_topics', value=[f'{k}=/{h.name}/cam{i}' for i, k in
+                                          enumerate(CAMERAS)]),
+        Parameter('camera_types', value=['raw', 'compressed']),
+        Parameter('joint_names', value=joints),
+        Parameter('joint_state_topic', value=f'/{h.name}/joint_states'),
+        Parameter('instruction', value=TASKS[0])])
+    node = rclpy.create_node(h.name + '_robot')
+    spinner = spin_in_thread(bridge)
+    try:
+        cams = [node.create_publisher(CompressedImage if i else Image, f'/{h.name}/cam{i}', 10)
+                for i in range(len(CAMERAS))]
+        js = node.create_publisher(JointState, f'/{h.name}/joint_states', 10)
+        say = node.create_publisher(String, f'/{h.name}_inputs/instruction', 10)
+        wait_for(lambda: all(p.get_subscription_count() for p in cams + [js, say]) and
+                 bridge.pub.get_subscription_count(), what='the bridge to connect')
+        rng = np.random.default_rng(5)
+        frames, sent = [], 0
+        for t in range(2 * STEPS + 1):
+            if t == STEPS + 1:              # a new instruction mid-run
+                say.publish(String(data=TASKS[1]))
+                wait_for(lambda: bridge.instruction is not None and bridge.instruction[0][0] ==
+                         bridge._tokenize(TASKS[1])[0][0], what='the new instruction')
+            images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+                      for k, s in CAMERAS.items()}
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            for pub, (key, image) in zip(cams, images.items()):
+                pub.publish(_image_msgs(image, key))
+            floats = {k: im.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
+                      for k, im in images.items()}      # as LeRobot's datasets give them
+            wait_for(lambda: all(np.array_equal(bridge.images.get(k, 0), f)
+                                 for k, f in floats.items()),
+                     what='the images to reach the bridge')
+            order = list(reversed(joints)) + ['extra']
+            js.publish(JointState(name=order, position=[float(state[joints.index(n)]) if n in
+                                                        joints else 9.0 for n in order]))
+            sent += 1
+            h.client.wait_actions(sent)
+            frames.append({'observation.state': torch.from_numpy(state),
+                           **{k: torch.from_numpy(f) for k, f in floats.items()},
+                           'task': TASKS[0] if t <= STEPS else TASKS[1]})
+        got = h.client.wait_actions(sent)
+        assert got == h.reference(vectors(folder, frames))
+        assert bridge.refused == 0
+    finally:
+        spinner.shutdown()
+        bridge.destroy_node()
+        node.destroy_node()

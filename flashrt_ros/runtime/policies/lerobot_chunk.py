@@ -201,3 +201,24 @@ def _statistics(cfg, key, feature_type, stats):
                             f'{"/".join(names)} statistics were given (load the checkpoint '
                             'with from_pretrained, or pass stats=): its actions would be wrong')
     return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
+
+
+def checkpoint_inputs(folder):
+    '''What a LeRobot checkpoint folder's observation holds, for whoever packs it (the
+    vla_inputs node): ({camera key: (3, H, W)} in the config's order, the token count,
+    tokenize(text) -> (token ids, attention mask) as float32 arrays). tokenize runs the
+    checkpoint's own pre-processor (its tokenizer, SmolVLA's newline, its padding) on the text,
+    so the ids are the ones LeRobot's pipeline gives its model.'''
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import make_pre_post_processors
+    config = PreTrainedConfig.from_pretrained(folder)
+    pre, _ = make_pre_post_processors(config, folder)
+    cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
+    blank = {STATE: torch.zeros(config.input_features[STATE].shape),
+             **{k: torch.zeros(shape) for k, shape in cameras.items()}}
+
+    def tokenize(text):
+        out = pre({**blank, 'task': text})
+        return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
+                out[MASK].reshape(-1).to(torch.float32).numpy())
+    return cameras, int(config.tokenizer_max_length), tokenize
