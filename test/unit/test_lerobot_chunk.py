@@ -22,7 +22,7 @@ from flashrt_ros.runtime.errors import InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy  # noqa: E402
 from support.smolvla import (ACT_DIM, checkpoint, frames, pipeline, smolvla,  # noqa: E402
-                             STATE_DIM, vectors, vlm_folder)
+                             STATE_DIM, statistics, vectors, vlm_folder)
 
 STEPS, CHUNK, SEED = 5, 8, 7      # n_action_steps, chunk_size, the engine's noise seed
 
@@ -100,3 +100,16 @@ def test_no_statistics_and_unknown_cameras_are_refused(folders):
         SmolVLAChunkPolicy(lerobot, stats=stats)
     with pytest.raises(InvalidConfig, match='cameras'):
         SmolVLAChunkPolicy(lerobot, stats=None, cameras={'observation.images.side': (3, 8, 8)})
+
+
+def test_the_model_digest_follows_the_model_not_its_path(folders, tmp_path):
+    """Capsules check the model digest: the same weights and settings from a VLM folder at
+    another path give the same digest (a moved checkpoint keeps its capsules), other denoising
+    steps or statistics another."""
+    vlm, _ = folders
+    moved = vlm_folder(tmp_path / 'elsewhere')
+    stats = statistics()
+    digest = SmolVLAChunkPolicy(smolvla(vlm), stats=stats).model_digest()
+    assert SmolVLAChunkPolicy(smolvla(moved), stats=stats).model_digest() == digest
+    assert SmolVLAChunkPolicy(smolvla(vlm, num_steps=4), stats=stats).model_digest() != digest
+    assert SmolVLAChunkPolicy(smolvla(vlm), stats=statistics(1)).model_digest() != digest

@@ -33,6 +33,12 @@ from ..errors import InvalidConfig
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
 
+# SmolVLAConfig fields that change the actions for the same weights and inputs
+_COMPUTATION = ('chunk_size', 'num_steps', 'max_state_dim', 'max_action_dim',
+                'resize_imgs_with_padding', 'prefix_length', 'attention_mode',
+                'num_vlm_layers', 'num_expert_layers', 'self_attn_every_n_layers',
+                'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
+                'max_period', 'use_cache', 'empty_cameras')
 STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
     'observation.language.attention_mask'
 
@@ -90,10 +96,13 @@ class SmolVLAChunkPolicy(Policy):
                    cameras=cameras, seed=seed)
 
     def config(self):
+        # what shapes the computation besides the weights; never a path (vlm_model_name): a
+        # capsule stays valid when the checkpoint moves
+        cfg = self.lerobot.config
         return {**super().config(), 'cameras': sorted(self.cameras.items()),
-                'chunk': self.chunk, 'n_action_steps': self.steps, 'tokens': self.tokens,
-                'lerobot': self.lerobot.config.to_dict() if hasattr(
-                    self.lerobot.config, 'to_dict') else repr(self.lerobot.config)}
+                'n_action_steps': self.steps, 'tokens': self.tokens, 'normalisation': sorted(
+                    (k, v) for k, v in self._modes.items()),
+                **{k: repr(getattr(cfg, k, None)) for k in _COMPUTATION}}
 
     def state_specs(self):
         cache = (self.layers, *self.kv_shape)
