@@ -46,16 +46,18 @@ def test_what_is_not_the_checkpoint_is_refused_at_configure(make, folder, wrong)
     assert h.node.parts is None
 
 
-def _image_msgs(image, key):
-    """One uint8 image [H, W, 3] as the camera of `key` publishes it: rgb8 for the top camera,
-    a PNG CompressedImage for the wrist one (lossless, so the pixels are the same)."""
+def _image_msgs(image, key, t):
+    """One uint8 image [H, W, 3] as the camera of `key` publishes it: rgb8 (bgr8 on odd
+    frames) for the top camera, a PNG CompressedImage for the wrist one (lossless)."""
     import io
 
     from PIL import Image as PILImage
     from sensor_msgs.msg import CompressedImage, Image
     if key.endswith('top'):
         h, w, _ = image.shape
-        return Image(height=h, width=w, encoding='rgb8', step=3 * w, data=image.tobytes())
+        bgr = t % 2 == 1
+        return Image(height=h, width=w, encoding='bgr8' if bgr else 'rgb8', step=3 * w,
+                     data=(image[..., ::-1] if bgr else image).tobytes())
     buffer = io.BytesIO()
     PILImage.fromarray(image).save(buffer, format='PNG')
     return CompressedImage(format='png', data=buffer.getvalue())
@@ -106,7 +108,7 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
                       for k, s in CAMERAS.items()}
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
             for pub, (key, image) in zip(cams, images.items()):
-                pub.publish(_image_msgs(image, key))
+                pub.publish(_image_msgs(image, key, t))
             floats = {k: im.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
                       for k, im in images.items()}      # as LeRobot's datasets give them
             wait_for(lambda: all(np.array_equal(bridge.images.get(k, 0), f)
