@@ -76,6 +76,21 @@ def command_message(msg_type, targets, joint_names=(), period=0.0):
     return out
 
 
+def chunk_message(chunk, joint_names, period):
+    """An action chunk (float64 numpy [steps, joints]: the actions a chunk policy will take,
+    the first one now) as one joint_trajectory_controller trajectory: a point per action,
+    `period` s apart, the first one period out (as command_message), a zero stamp ("start
+    when the controller takes it"), positions only."""
+    out = JointTrajectory()
+    out.joint_names = list(joint_names)
+    for i, targets in enumerate(chunk):
+        point = JointTrajectoryPoint()
+        point.positions = array.array('d', targets.tobytes())
+        point.time_from_start = Duration(**_sec_nanosec((i + 1) * period))
+        out.points.append(point)
+    return out
+
+
 def _sec_nanosec(seconds):
     """Seconds as builtin_interfaces' (sec, nanosec): integer nanoseconds, no float carry."""
     sec, nanosec = divmod(int(round(seconds * 1e9)), 1_000_000_000)

@@ -105,6 +105,10 @@ class ControlLoop:
                 continue
             published[i] = action = actions[i].numpy()
             self.robot.publish_action(s, action)
+            if s.chunk_pub is not None:     # a chunk policy: its chunk, when just computed
+                chunk = engine.policy.fresh_chunk(engine.arena.session_views[i])
+                if chunk is not None:
+                    self.robot.publish_chunk(s, chunk)
             if guard.supervisor is None:
                 self.robot.publish_commands(s, action)
             else:

@@ -21,7 +21,7 @@ from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
-from flashrt_ros.messages import action_message, command_message
+from flashrt_ros.messages import action_message, chunk_message, command_message
 from flashrt_ros.msg import SafetyEvent
 
 COMMAND_TOPICS = {'float64_array': (Float64MultiArray, 'joint_commands'),
@@ -60,6 +60,7 @@ class SessionIO:
     action_pub: object = None
     command_pubs: list = field(default_factory=list)
     safety_pub: object = None     # ~/safety_event, when the safety supervisor is on
+    chunk_pub: object = None      # ~/action_chunk, for a chunk policy with action_joint_names
 
     def store(self, key, value, stamp=None):
         self.inputs[key] = (value, stamp, time.monotonic())
@@ -137,6 +138,9 @@ class RobotIO:
                 s.command_pubs.append(publisher(msg_type, s.prefix + topic, command_qos))
             if cfg.safety and settings.terms:
                 s.safety_pub = publisher(SafetyEvent, s.prefix + 'safety_event', command_qos)
+            if cfg.policy_type == 'smolvla' and cfg.action_joint_names:
+                s.chunk_pub = publisher(JointTrajectory, s.prefix + 'action_chunk',
+                                        command_qos)
         # a farm that assembles its observations: [sessions, obs_dim] in, one tick out
         self.actions_pub = publisher(Float32MultiArray, '~/actions') \
             if fleet and cfg.observation_type == 'float32_array' else None
@@ -231,6 +235,12 @@ class RobotIO:
         period = 1.0 / cfg.control_rate if cfg.control_mode == 'timer' else 0.0
         for pub in s.command_pubs:
             pub.publish(command_message(pub.msg_type, targets, cfg.joint_names, period))
+
+    def publish_chunk(self, s, chunk):
+        """A chunk the policy just computed ([steps, act_dim]) as a JointTrajectory."""
+        cfg = self.settings.node
+        s.chunk_pub.publish(chunk_message(chunk.astype(np.float64), cfg.action_joint_names,
+                                          cfg.chunk_period or 1.0 / cfg.control_rate))
 
     def publish_safety_event(self, s, stamp, detector, detail, response, trip_capsule,
                              restored_capsule='', restored_stamp=None):

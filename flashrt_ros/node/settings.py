@@ -138,6 +138,9 @@ def load_settings(node):
         folder = cfg.policy_type == PolicyKind.SMOLVLA     # a LeRobot checkpoint folder
         _need((os.path.isdir if folder else os.path.isfile)(policy.policy_file), 'policy_file',
               policy.policy_file, 'no such folder' if folder else 'no such file')
+    if cfg.policy_type == PolicyKind.SMOLVLA:      # they name ~/action_chunk's joints
+        _need(len(cfg.action_joint_names) in (0, policy.act_dim), 'action_joint_names',
+              cfg.action_joint_names, 'must be empty or hold act_dim names')
     _need(len(set(cfg.joint_names)) == len(cfg.joint_names), 'joint_names', cfg.joint_names,
           'names a joint twice')
     layout = targets = None

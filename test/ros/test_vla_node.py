@@ -129,3 +129,41 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
         spinner.shutdown()
         bridge.destroy_node()
         node.destroy_node()
+
+
+def test_each_chunk_goes_out_as_a_trajectory_a_controller_takes(make, folder):
+    """With action_joint_names, each chunk the policy computes goes out once on
+    ~/action_chunk: its n_action_steps actions (the ones the next steps publish, in order),
+    chunk_period apart, a trajectory that joint_trajectory_controller's validation accepts."""
+    import importlib.util
+    import pathlib
+    import time
+
+    from trajectory_msgs.msg import JointTrajectory
+
+    from support.common import wait_for
+    # the transcription of joint_trajectory_controller's validation (a unit-layer module)
+    path = pathlib.Path(__file__).parents[1] / 'unit' / 'test_controller_acceptance.py'
+    spec = importlib.util.spec_from_file_location('controller_acceptance', path)
+    acceptance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acceptance)
+    names = [f'arm_{i}' for i in range(ACT_DIM)]
+    h = make(_params(folder, action_joint_names=names, chunk_period=0.05))
+    chunks = []
+    sub = h.client_node.create_subscription(
+        JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
+    wait_for(lambda: sub.get_publisher_count() > 0 and
+             h.node.parts.robot.sessions[0].chunk_pub.get_subscription_count() > 0,
+             what='the chunk topic to match')
+    actions = h.steps(vectors(folder, frames(2 * STEPS + 1, seed=4)))
+    wait_for(lambda: len(chunks) == 3, what='three chunks')
+    time.sleep(0.2)
+    assert len(chunks) == 3                       # once per chunk, not per step
+    for k, traj in enumerate(chunks):
+        assert list(traj.joint_names) == names
+        assert acceptance.jtc_refusal(traj, names, now=10 ** 18) is None
+        assert [p.time_from_start.sec * 10 ** 9 + p.time_from_start.nanosec
+                for p in traj.points] == [50_000_000 * (i + 1) for i in range(STEPS)]
+        points = [[float(v) for v in p.positions] for p in traj.points]
+        assert points[:len(actions[k * STEPS:])] == \
+            [[float(v) for v in a] for a in actions[k * STEPS:(k + 1) * STEPS]]

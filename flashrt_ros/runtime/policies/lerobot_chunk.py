@@ -184,6 +184,13 @@ class SmolVLAChunkPolicy(Policy):
         v['queue'].copy_(self._normalised('action', x[0, :self.steps, :self.act_dim], True))
         v['left'].fill_(self.steps)
 
+    def fresh_chunk(self, views):
+        '''The chunk (numpy [n_action_steps, act_dim]) when the session's latest step
+        computed it (its first action was that step's), else None; views: the session's.'''
+        if int(views['left']) != self.steps - 1:
+            return None
+        return views['queue'].cpu().numpy()
+
     def noise(self):
         '''The flow-matching start of the next chunk, [1, chunk_size, max_action_dim]: a pure
         function of the rng buffer (seed, counter), which the chunk then advances.'''
