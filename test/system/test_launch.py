@@ -9,7 +9,8 @@ LAUNCH = sorted((pathlib.Path(__file__).resolve().parents[2] / 'launch').glob('*
 
 def test_launch_files_exist_and_compile():
     assert [p.name for p in LAUNCH] == ['demo.launch.py', 'g1_simulator.launch.py',
-                                        'g1_walk.launch.py', 'policy.launch.py']
+                                        'g1_walk.launch.py', 'policy.launch.py',
+                                        'smolvla.launch.py']
     for path in LAUNCH:
         compile(path.read_text(), str(path), 'exec')   # no __pycache__ in launch/
 
@@ -24,4 +25,6 @@ def test_launch_description_builds(path):
     spec.loader.exec_module(module)
     description = module.generate_launch_description()
     assert isinstance(description, LaunchDescription)
-    assert any(type(e).__name__ == 'Node' for e in description.entities)
+    # smolvla.launch.py reads the checkpoint when it runs, then makes its nodes
+    kinds = {type(e).__name__ for e in description.entities}
+    assert ('OpaqueFunction' if path.name == 'smolvla.launch.py' else 'Node') in kinds

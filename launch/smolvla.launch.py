@@ -1,0 +1,63 @@
+"""A LeRobot SmolVLA checkpoint on the robot: the flashrt_policy node (policy_type smolvla) and
+vla_inputs, which packs the cameras, the joint states and the instruction into its observation.
+
+ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
+    camera_topics:=observation.images.top=/camera/top/image_raw[,<key>=<topic>...]
+    joint_names:=shoulder,elbow,wrist,gripper,base,lift [instruction:='pick up the cube']
+    [camera_types:=raw,compressed] [joint_states:=/joint_states]
+    [action_joint_names:=<the arm's joints>] [chunk_period:=0.0] [device:=auto]
+    [action_topic:=/robot/cmd] [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
+
+The observation size and the action size come from the checkpoint (read when the launch
+starts: LeRobot is imported then). The instruction may change later on
+/vla_inputs/instruction (std_msgs/String). With action_joint_names, each chunk also goes out on
+~/action_chunk as a JointTrajectory; remap it to a joint_trajectory_controller's topic with
+action_chunk_topic.
+"""
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
+             'instruction': '', 'camera_types': '', 'joint_states': '/joint_states',
+             'action_joint_names': '', 'chunk_period': '0.0', 'device': 'auto',
+             'action_topic': '', 'action_chunk_topic': ''}
+
+
+def _list(text):
+    return [t.strip() for t in text.split(',') if t.strip()]
+
+
+def _nodes(context):
+    a = {k: LaunchConfiguration(k).perform(context) for k in ARGUMENTS}
+    from flashrt_ros.runtime.policies.lerobot_chunk import checkpoint_inputs
+    cameras, tokens, _ = checkpoint_inputs(a['checkpoint'])
+    from lerobot.configs.policies import PreTrainedConfig
+    config = PreTrainedConfig.from_pretrained(a['checkpoint'])
+    state = config.input_features['observation.state'].shape[0]
+    obs_dim = state + sum(c * h * w for c, h, w in cameras.values()) + 2 * tokens
+    remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
+                                          ('~/action_chunk', a['action_chunk_topic'])) if dst]
+    params = {'policy_type': 'smolvla', 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
+              'act_dim': config.output_features['action'].shape[0], 'autostart': True,
+              'device': a['device'], 'chunk_period': float(a['chunk_period'])}
+    if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
+        params['action_joint_names'] = _list(a['action_joint_names'])
+    policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
+                  output='screen', remappings=remaps, parameters=[params])
+    inputs = Node(package='flashrt_ros', executable='vla_inputs', name='vla_inputs',
+                  output='screen', parameters=[{
+                      'checkpoint': a['checkpoint'], 'policy': '/flashrt_policy',
+                      'camera_topics': _list(a['camera_topics']),
+                      'camera_types': _list(a['camera_types']) or [''],
+                      'joint_names': _list(a['joint_names']),
+                      'joint_state_topic': a['joint_states'],
+                      'instruction': a['instruction']}])
+    return [policy, inputs]
+
+
+def generate_launch_description():
+    return LaunchDescription(
+        [DeclareLaunchArgument(k, **({} if v is None else {'default_value': v}))
+         for k, v in ARGUMENTS.items()] + [OpaqueFunction(function=_nodes)])
