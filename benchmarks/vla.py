@@ -1,0 +1,186 @@
+"""A LeRobot SmolVLA on the engine against LeRobot's own select_action, and what a capsule saves.
+
+    python -m benchmarks.vla --device cpu --out benchmarks/results/<date>-<device>-vla
+    python -m benchmarks.vla --smoke --out /tmp/vla_smoke          # the test
+
+On the demo checkpoint LeRobot writes offline (flashrt_ros/runtime/policies/lerobot_demo.py;
+random weights, its small sizes, or --size published: SmolVLM2-500M's text and vision sizes
+with SmolVLA's 16 VLM layers), in one interleaved loop, every figure the whole call's host
+wall time (the device synchronised):
+  chunk      a step that computes a chunk (prefix pass + num_steps denoising steps), engine
+             vs LeRobot's select_action with an empty queue (same weights, inputs and noise);
+  pop        a step that takes the next action of the chunk, engine vs LeRobot;
+  restore    a mid-chunk capsule restored, then the step after it: the next action without
+             recomputing anything, against `chunk` (what a reset or a what-if costs without
+             the capsule: the chunk computed again);
+  snapshot   taking that capsule (its bytes: the chunk, the prefix KV cache, the rng).
+Identity checks (exit 1 on failure): the engine's actions equal LeRobot's pipeline bit for
+bit; after the restore, the same actions as the first time.
+"""
+import argparse
+import datetime
+import sys
+import tempfile
+
+import torch
+
+from .environment import device_slug, environment, resolve_device, results_stem
+from .report import log, Report
+from .sections import check, ratio
+from .timing import interleaved, stats, wall
+
+CONFIGS = {'smoke': {'iters': 3, 'warmup': 1}, 'cpu': {'iters': 30, 'warmup': 3},
+           'gpu': {'iters': 50, 'warmup': 5}}
+
+
+def _frames(count, state_dim, cameras, task):
+    gen = torch.Generator().manual_seed(0)
+    return [{'observation.state': torch.randn(state_dim, generator=gen),
+             **{k: torch.rand(s, generator=gen) for k, s in cameras.items()}, 'task': task}
+            for _ in range(count)]
+
+
+def run(device, size, cfg, tmp, checks):
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+
+    from flashrt_ros.runtime.engine import PolicyEngine
+    from flashrt_ros.runtime.policies import gaussian_noise
+    from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import checkpoint, vlm_folder
+    folder = checkpoint(vlm_folder(f'{tmp}/vlm', size), f'{tmp}/checkpoint', size=size)
+    reference = SmolVLAPolicy.from_pretrained(folder).to(device).eval()
+    pre, post = make_pre_post_processors(reference.config, folder,
+                                         preprocessor_overrides={'device_processor': {
+                                             'device': str(device)}})
+    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=5).to(device)
+    engine = PolicyEngine(policy, device=device, capsule_dir=f'{tmp}/capsules')
+    steps, cfgl = policy.steps, reference.config
+    noise_n = cfgl.chunk_size * cfgl.max_action_dim
+    frames = _frames(steps, policy.state_dim, policy.cameras, 'pick up the red cube')
+    batches = [pre(dict(f)) for f in frames]
+    obs = [torch.cat([f['observation.state'], *[f[k].reshape(-1) for k in policy.cameras],
+                      b['observation.language.tokens'].reshape(-1).cpu().float(),
+                      b['observation.language.attention_mask'].reshape(-1).cpu().float()])
+           for f, b in zip(frames, batches)]
+    # identity: a whole chunk, engine against LeRobot's pipeline
+    want = []
+    for t, batch in enumerate(batches):
+        noise = gaussian_noise(torch.tensor([5]), torch.tensor([0]), noise_n).view(
+            1, cfgl.chunk_size, cfgl.max_action_dim).to(device)
+        want.append(post(reference.select_action(dict(batch), noise=noise if t == 0 else None))
+                    [0].cpu())
+    got = [engine.step(o.numpy()) for o in obs]
+    check(checks, f'{size}: the engine equals LeRobot\'s pipeline bit for bit ({steps} steps)',
+          all(torch.equal(a, b) for a, b in zip(got, want)))
+    engine.snapshot('mid')      # after a whole chunk: the next step computes one
+    engine.restore('mid')
+    engine.step(obs[0].numpy())
+    engine.snapshot('mid', overwrite=True)     # one action used: the next step pops
+    again = [engine.step(o.numpy()) for o in obs[1:]]
+    engine.restore('mid')
+    check(checks, f'{size}: after a restore, the same actions',
+          torch.equal(torch.stack([engine.step(o.numpy()) for o in obs[1:]]),
+                      torch.stack(again)))
+    noise = gaussian_noise(torch.tensor([5]), torch.tensor([0]), noise_n).view(
+        1, cfgl.chunk_size, cfgl.max_action_dim).to(device)
+
+    def sync():
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+
+    def lerobot_chunk():
+        reference.reset()
+        post(reference.select_action(dict(batches[0]), noise=noise))
+        sync()
+
+    def lerobot_pop():
+        post(reference.select_action(dict(batches[1])))
+        sync()
+
+    def engine_chunk():
+        engine.restore('start')
+        engine.step(obs[0].numpy())
+
+    def engine_pop():
+        engine.restore('mid')
+        engine.step(obs[1].numpy())
+
+    engine.reset_episode()
+    engine.snapshot('start')
+    walled = {'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
+              'engine_restore_and_pop': engine_pop,
+              'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True)}
+    lerobot_chunk()
+    walls, _ = interleaved(None, {}, {}, cfg['iters'], cfg['warmup'], walled=walled,
+                           before=None)
+    # LeRobot's pop needs a filled queue: timed after a chunk, in its own loop
+    pops = []
+    for _ in range(cfg['iters']):
+        lerobot_chunk()
+        pops.append(wall(lerobot_pop)[1])
+    walls['lerobot_pop'] = stats(pops)
+    return {'size': size, **walls,
+            'capsule_bytes': int(engine.arena.live_nbytes(0)),
+            'params': sum(p.numel() for p in reference.parameters()),
+            'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
+                                                        walls['lerobot_chunk']['p50']),
+                       'chunk_vs_restore_and_pop': ratio(walls['engine_chunk']['p50'],
+                                                         walls['engine_restore_and_pop']['p50'])}}
+
+
+def render(results):
+    env, out = results['environment'], []
+    out += [f'# SmolVLA on the engine vs LeRobot: {env["device_name"]} ({env["mode"]})\n',
+            f'- date: {env["date"]}, torch {env["torch"]}, CUDA {env["cuda"] or "-"}, Python '
+            f'{env["python"]}, commit {env["git_commit"]}'
+            f'{" (modified)" if env["git_dirty"] else ""}',
+            '- whole call, host wall p50 in us (device synchronised); eager on every device\n',
+            '| model | params | LeRobot chunk | engine chunk (ratio) | LeRobot pop | restore + '
+            'next action | chunk / (restore + next) | snapshot | capsule bytes |',
+            '|' + ' --- |' * 9]
+    for r in results['sections'].get('rows', []):
+        q = r['ratios']
+        out.append(f'| {r["size"]} | {r["params"] / 1e6:.1f} M | '
+                   f'{r["lerobot_chunk"]["p50"]:.0f} | {r["engine_chunk"]["p50"]:.0f} '
+                   f'({q["engine_chunk_vs_lerobot"]:.2f}x) | {r["lerobot_pop"]["p50"]:.0f} | '
+                   f'{r["engine_restore_and_pop"]["p50"]:.0f} | '
+                   f'{q["chunk_vs_restore_and_pop"]:.0f}x | {r["engine_snapshot"]["p50"]:.0f} '
+                   f'| {r["capsule_bytes"]:,} |')
+    checks = results['checks']
+    out.append(f'\n## Identity checks: {sum(c["passed"] for c in checks)} / {len(checks)}\n')
+    out += [f'- {"passed" if c["passed"] else "FAILED"}: {c["name"]}' for c in checks]
+    out.append(f'\nCommand: `{results.get("command", "")}`')
+    return '\n'.join(out) + '\n'
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--smoke', action='store_true')
+    ap.add_argument('--device', default='cpu')
+    ap.add_argument('--sizes', default='demo', help="comma list of 'demo', 'published'")
+    ap.add_argument('--out', default='')
+    ap.add_argument('--commit', default='')
+    ap.add_argument('--iters', type=int, default=0, help='timed iterations (0: the mode\'s)')
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    mode = 'smoke' if args.smoke else ('gpu' if device.type == 'cuda' else 'cpu')
+    cfg = dict(CONFIGS[mode], **({'iters': args.iters} if args.iters else {}))
+    env = environment(device, f'vla-{mode}', args.commit)
+    stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-vla'
+    report = Report(results_stem(args.out, stem), env, cfg, render_md=render)
+    report.results['command'] = 'python -m benchmarks.vla ' + ' '.join(
+        sys.argv[1:] if argv is None else argv)
+    report.results['sections'] = {'rows': []}
+    for size in args.sizes.split(','):
+        with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
+            report.results['sections']['rows'].append(
+                run(device, size, cfg, tmp, report.results['checks']))
+        report.write()
+        log(f'  {size} done')
+    log(render(report.results))
+    return 1 if any(not c['passed'] for c in report.results['checks']) else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

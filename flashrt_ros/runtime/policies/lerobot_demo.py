@@ -1,0 +1,105 @@
+'''A demo SmolVLA checkpoint, written by LeRobot itself, offline: a SmolVLM config folder
+(the published architecture at small sizes) with a byte-level stand-in tokenizer holding
+SmolVLM2's special tokens, a SmolVLAPolicy on it with seeded random weights, and its pre- and
+post-processor with seeded statistics, saved as training saves a checkpoint. For the tests,
+the benchmarks and trying the node without a trained checkpoint; its actions mean nothing.
+Needs lerobot (requirements/vla.txt).'''
+import torch
+
+STATE_DIM, ACT_DIM, TOKENS = 6, 5, 12
+CAMERAS = {'observation.images.top': (3, 48, 64), 'observation.images.wrist': (3, 32, 32)}
+# 'demo': small enough for every test on a CPU; 'published': SmolVLM2-500M's text and vision
+# sizes, SmolVLA's defaults (16 VLM layers, 512 x 512 images, chunks of 50, 10 denoising
+# steps), one 480 x 640 camera and a 6-joint arm, for benchmarks
+SIZES = {
+    'demo': dict(text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+                 vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, image_size=64, patch_size=16),
+                 scale_factor=2, image_seq_len=4, policy=dict(
+                     num_vlm_layers=4, resize_imgs_with_padding=(64, 64), chunk_size=8,
+                     n_action_steps=5, num_steps=3, max_state_dim=16, max_action_dim=16,
+                     tokenizer_max_length=TOKENS), cameras=CAMERAS, dims=(STATE_DIM, ACT_DIM)),
+    'published': dict(text=dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+                                num_attention_heads=15, num_key_value_heads=5, head_dim=64),
+                      vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                  num_attention_heads=12, image_size=512, patch_size=16),
+                      scale_factor=4, image_seq_len=64, policy=dict(
+                          num_vlm_layers=16, resize_imgs_with_padding=(512, 512),
+                          chunk_size=50, n_action_steps=50, num_steps=10, max_state_dim=32,
+                          max_action_dim=32, tokenizer_max_length=48),
+                      cameras={'observation.images.top': (3, 480, 640)}, dims=(6, 6)),
+}
+SPECIALS = ['<|endoftext|>', '<fake_token_around_image>', '<global-img>', '<image>',
+            '<end_of_utterance>']
+
+
+def vlm_folder(path, size='demo'):
+    '''Writes a SmolVLM config + processor folder (what SmolVLAConfig.vlm_model_name names).'''
+    from tokenizers import decoders, models, pre_tokenizers, Tokenizer
+    from transformers import PreTrainedTokenizerFast, SmolVLMConfig
+    from transformers.models.smolvlm import (SmolVLMImageProcessor, SmolVLMProcessor,
+                                             SmolVLMVideoProcessor)
+    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=SPECIALS[0], eos_token=SPECIALS[4],
+        pad_token=SPECIALS[0], additional_special_tokens=SPECIALS[1:],
+        extra_special_tokens={'fake_image_token': SPECIALS[1], 'global_image_token': SPECIALS[2],
+                              'image_token': SPECIALS[3], 'end_of_utterance_token': SPECIALS[4]})
+    z = SIZES[size]
+    SmolVLMConfig(
+        text_config=dict(model_type='llama', vocab_size=len(vocab), max_position_embeddings=8192,
+                         **z['text']),
+        vision_config=z['vision'], scale_factor=z['scale_factor'],
+        image_token_id=vocab['<image>'], vocab_size=len(vocab),
+    ).save_pretrained(path)
+    edge = {'longest_edge': z['vision']['image_size']}
+    SmolVLMProcessor(image_processor=SmolVLMImageProcessor(
+        size=edge, max_image_size=edge, do_image_splitting=False),
+        video_processor=SmolVLMVideoProcessor(), tokenizer=fast,
+        image_seq_len=z['image_seq_len']).save_pretrained(path)
+    return str(path)
+
+
+def smolvla(vlm_path, seed=0, size='demo', **options):
+    '''A lerobot SmolVLAPolicy on the folder, weights from torch.manual_seed(seed); options
+    override the size's SmolVLAConfig fields (num_steps=4, ...).'''
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.smolvla.configuration_smolvla import SmolVLAConfig
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+    z = SIZES[size]
+    state, act = z['dims']
+    features = {'observation.state': PolicyFeature(FeatureType.STATE, (state,)),
+                **{k: PolicyFeature(FeatureType.VISUAL, s) for k, s in z['cameras'].items()}}
+    config = SmolVLAConfig(
+        vlm_model_name=str(vlm_path), load_vlm_weights=False, pad_language_to='max_length',
+        input_features=features, device='cpu',
+        output_features={'action': PolicyFeature(FeatureType.ACTION, (act,))},
+        **{**z['policy'], **options})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SmolVLAPolicy(config).eval()
+
+
+def statistics(seed=0, size='demo'):
+    '''Dataset statistics (mean/std) for the state and the action, as a LeRobot dataset has.'''
+    gen = torch.Generator().manual_seed(seed)
+    return {key: {'mean': torch.randn(n, generator=gen),
+                  'std': torch.rand(n, generator=gen) + 0.5}
+            for key, n in zip(('observation.state', 'action'), SIZES[size]['dims'])}
+
+
+def checkpoint(vlm_path, folder, seed=0, size='demo'):
+    '''A LeRobot checkpoint folder as training writes it: the policy's config.json and
+    model.safetensors, and its pre/post-processor pipelines with their statistics.'''
+    from lerobot.policies.smolvla.processor_smolvla import make_smolvla_pre_post_processors
+    policy = smolvla(vlm_path, seed, size)
+    pre, post = make_smolvla_pre_post_processors(policy.config, statistics(seed, size))
+    for part in (policy, pre, post):
+        part.save_pretrained(folder)
+    return str(folder)

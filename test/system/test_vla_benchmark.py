@@ -1,0 +1,28 @@
+"""benchmarks/vla.py --smoke: runs, writes its report, and its identity checks hold (the
+engine equals LeRobot's pipeline; a restore replays the same actions)."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
+                    reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_vla_benchmark_smoke_run(tmp_path):
+    out = tmp_path / 'vla'
+    result = subprocess.run([sys.executable, '-m', 'benchmarks.vla', '--smoke', '--out',
+                             str(out), '--commit', 'cafe123'], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    data = json.loads(out.with_suffix('.json').read_text())
+    assert data['environment']['git_commit'] == 'cafe123'
+    (row,) = data['sections']['rows']
+    for key in ('lerobot_chunk', 'engine_chunk', 'engine_restore_and_pop', 'engine_snapshot'):
+        assert row[key]['n'] == 3 and row[key]['p50'] > 0, key
+    assert row['capsule_bytes'] > 0 and row['ratios']['chunk_vs_restore_and_pop'] > 0
+    assert [c['passed'] for c in data['checks']] == [True, True]
+    assert 'Identity checks: 2 / 2' in out.with_suffix('.md').read_text()
