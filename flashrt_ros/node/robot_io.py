@@ -23,6 +23,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.messages import action_message, chunk_message, command_message
 from flashrt_ros.msg import SafetyEvent
+from flashrt_ros.runtime.policies import LEROBOT_KINDS
 
 COMMAND_TOPICS = {'float64_array': (Float64MultiArray, 'joint_commands'),
                   'joint_trajectory': (JointTrajectory, 'joint_trajectory')}
@@ -138,7 +139,7 @@ class RobotIO:
                 s.command_pubs.append(publisher(msg_type, s.prefix + topic, command_qos))
             if cfg.safety and settings.terms:
                 s.safety_pub = publisher(SafetyEvent, s.prefix + 'safety_event', command_qos)
-            if cfg.policy_type == 'smolvla' and cfg.action_joint_names:
+            if cfg.policy_type in LEROBOT_KINDS and cfg.action_joint_names:
                 s.chunk_pub = publisher(JointTrajectory, s.prefix + 'action_chunk',
                                         command_qos)
         # a farm that assembles its observations: [sessions, obs_dim] in, one tick out

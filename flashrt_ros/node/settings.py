@@ -17,10 +17,9 @@ from flashrt_ros.node import parameters
 from flashrt_ros.node.parameters import NodeConfig
 from flashrt_ros.runtime.capsule_file import load_signing_key
 from flashrt_ros.runtime.engine import PolicyEngine
-from flashrt_ros.runtime.enums import PolicyKind
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.observation import JointTargets, ObservationLayout
-from flashrt_ros.runtime.policies import build_policy
+from flashrt_ros.runtime.policies import build_policy, LEROBOT_KINDS
 
 
 @dataclass
@@ -135,10 +134,10 @@ def load_settings(node):
     """The node's Settings from its parameters; InvalidConfig names the offending one."""
     cfg, policy = parameters.read(node)
     if policy.policy_file:
-        folder = cfg.policy_type == PolicyKind.SMOLVLA     # a LeRobot checkpoint folder
+        folder = cfg.policy_type in LEROBOT_KINDS     # a LeRobot checkpoint folder
         _need((os.path.isdir if folder else os.path.isfile)(policy.policy_file), 'policy_file',
               policy.policy_file, 'no such folder' if folder else 'no such file')
-    if cfg.policy_type == PolicyKind.SMOLVLA:      # they name ~/action_chunk's joints
+    if cfg.policy_type in LEROBOT_KINDS:      # they name ~/action_chunk's joints
         _need(len(cfg.action_joint_names) in (0, policy.act_dim), 'action_joint_names',
               cfg.action_joint_names, 'must be empty or hold act_dim names')
     _need(len(set(cfg.joint_names)) == len(cfg.joint_names), 'joint_names', cfg.joint_names,

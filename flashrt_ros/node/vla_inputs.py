@@ -62,7 +62,7 @@ class VLAInputs(Node):
         kinds = [k for k in p['camera_types'] if k] or ['raw'] * len(topics)
         self.joints = [j for j in p['joint_names'] if j]
         self.images, self.refused = {}, 0
-        self.instruction = None
+        self.instruction = None if self.tokens else ()     # () : the policy takes none
         if p['instruction']:
             self._on_instruction(String(data=p['instruction']))
         self.pub = self.create_publisher(Float32MultiArray, f'{p["policy"]}/observation', 10,
@@ -89,6 +89,8 @@ class VLAInputs(Node):
         self.images[key] = image
 
     def _on_instruction(self, msg):
+        if self._tokenize is None:
+            return self._refuse('an instruction: this checkpoint takes none')
         self.instruction = self._tokenize(msg.data)
 
     def _on_joints(self, msg):

@@ -117,3 +117,9 @@ class SmolVLAConfig(PolicyConfig):
     '''A LeRobot SmolVLA checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim
     and act_dim must be the checkpoint's (state, each camera's 3 x H x W, the instruction's
     token ids and mask; its action size).'''
+
+
+@dataclass
+class ACTConfig(SmolVLAConfig):
+    '''A LeRobot ACT checkpoint folder (policy_file): obs_dim the state and each camera's
+    3 x H x W (no instruction), act_dim its action size.'''

@@ -23,6 +23,7 @@ class PolicyKind(_StringEnum):
     RECURRENT = 'recurrent'     # LSTM/GRU state (or a file's own state buffers)
     HISTORY = 'history'         # the hybrid history model: KV cache, recurrence, chunks
     SMOLVLA = 'smolvla'         # a LeRobot SmolVLA checkpoint: prefix KV cache, action chunk
+    ACT = 'act'                 # a LeRobot ACT checkpoint: action chunk
 
 
 class Tier(_StringEnum):

@@ -167,3 +167,30 @@ def test_each_chunk_goes_out_as_a_trajectory_a_controller_takes(make, folder):
         points = [[float(v) for v in p.positions] for p in traj.points]
         assert points[:len(actions[k * STEPS:])] == \
             [[float(v) for v in a] for a in actions[k * STEPS:(k + 1) * STEPS]]
+
+
+def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
+    """policy_type act: a LeRobot ACT checkpoint folder (state and cameras, no instruction);
+    the node's actions are the engine's, and its chunks go out on ~/action_chunk."""
+    import numpy as np
+    from trajectory_msgs.msg import JointTrajectory
+
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    from support.common import wait_for
+    from support.smolvla import CAMERAS, STATE_DIM
+    folder = act_checkpoint(tmp_path_factory.mktemp('act'))
+    dim = STATE_DIM + sum(c * h * w for c, h, w in CAMERAS.values())
+    names = [f'arm_{i}' for i in range(ACT_DIM)]
+    h = make(dict(policy_type='act', policy_file=folder, obs_dim=dim, act_dim=ACT_DIM,
+                  action_joint_names=names))
+    chunks = []
+    sub = h.client_node.create_subscription(
+        JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
+    wait_for(lambda: sub.get_publisher_count() > 0, what='the chunk topic')
+    rng = np.random.default_rng(6)
+    obs = [np.concatenate([rng.standard_normal(STATE_DIM), rng.random(dim - STATE_DIM)]
+                          ).astype(np.float32) for _ in range(STEPS + 1)]
+    actions = h.steps(obs)
+    assert actions == h.reference(obs)
+    wait_for(lambda: len(chunks) == 2, what='two chunks')
+    assert [list(p.positions) for p in chunks[0].points] == actions[:STEPS]

@@ -24,9 +24,9 @@ def frames(count, seed=0):
 
 def pipeline(folder):
     """LeRobot's pre- and post-processor of the checkpoint, as its own scripts load them."""
+    from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
-    return make_pre_post_processors(SmolVLAPolicy.from_pretrained(folder).config, folder)
+    return make_pre_post_processors(PreTrainedConfig.from_pretrained(folder), folder)
 
 
 def vectors(folder, batch):

@@ -113,3 +113,38 @@ def test_the_model_digest_follows_the_model_not_its_path(folders, tmp_path):
     assert SmolVLAChunkPolicy(smolvla(moved), stats=stats).model_digest() == digest
     assert SmolVLAChunkPolicy(smolvla(vlm, num_steps=4), stats=stats).model_digest() != digest
     assert SmolVLAChunkPolicy(smolvla(vlm), stats=statistics(1)).model_digest() != digest
+
+
+@pytest.fixture(scope='module')
+def act_folder(tmp_path_factory):
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    return act_checkpoint(tmp_path_factory.mktemp('act'))
+
+
+def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path):
+    """ACT (the images normalised per channel too): the engine equals LeRobot's pre-processor,
+    select_action and post-processor bit for bit over three chunks; a capsule mid-chunk
+    replays the same actions 8 times."""
+    from lerobot.policies.act.modeling_act import ACTPolicy
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    reference = ACTPolicy.from_pretrained(act_folder).eval()
+    pre, post = pipeline(act_folder)
+    engine = PolicyEngine(ACTChunkPolicy.from_pretrained(act_folder), device='cpu',
+                          capsule_dir=str(tmp_path / 'capsules'))
+    batch = [{k: v for k, v in f.items() if k != 'task'} for f in frames(3 * STEPS, seed=3)]
+    obs = [np.concatenate([f['observation.state'].numpy(),
+                           *[f[k].numpy().ravel() for k in f if k.startswith('observation.im')]])
+           for f in batch]
+    assert engine.obs_dim == obs[0].size
+    got = []
+    for t, (frame, o) in enumerate(zip(batch, obs)):
+        want = post(reference.select_action(pre(dict(frame))))[0]
+        got.append(engine.step(o))
+        assert torch.equal(got[-1], want), t
+        if t == STEPS + 1:
+            engine.snapshot('mid')
+    later = torch.stack(got[STEPS + 2:])        # the run after the capsule, a chunk included
+    for _ in range(8):
+        engine.restore('mid')
+        assert torch.equal(torch.stack([engine.step(o) for o in obs[STEPS + 2:]]), later)

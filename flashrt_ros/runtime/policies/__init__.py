@@ -6,13 +6,13 @@ KINDS. make_policy() builds any kind from keyword arguments; build_policy() from
 
 import torch
 
-from ..config import HistoryConfig, MLPConfig, RecurrentConfig, SmolVLAConfig
+from ..config import ACTConfig, HistoryConfig, MLPConfig, RecurrentConfig, SmolVLAConfig
 from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
-from .lerobot_chunk import SmolVLAChunkPolicy
+from .lerobot_chunk import ACTChunkPolicy, SmolVLAChunkPolicy
 from .loaders import from_file, weights
 from .recurrent import RecurrentPolicy
 from .scripted import ScriptedPolicy
@@ -23,11 +23,14 @@ KINDS = {
     PolicyKind.RECURRENT: (RecurrentPolicy, RecurrentConfig),
     PolicyKind.HISTORY: (HistoryPolicy, HistoryConfig),
     PolicyKind.SMOLVLA: (SmolVLAChunkPolicy, SmolVLAConfig),
+    PolicyKind.ACT: (ACTChunkPolicy, ACTConfig),
 }
+LEROBOT_KINDS = (PolicyKind.SMOLVLA, PolicyKind.ACT)    # policy_file: a checkpoint folder
 
-__all__ = ['ACTIVATIONS', 'build_policy', 'FeedForwardPolicy', 'gaussian_noise',
-           'HistoryPolicy', 'KINDS', 'linear_scan', 'make_policy', 'ObservationHistory',
-           'Policy', 'RecurrentPolicy', 'ScriptedPolicy', 'SmolVLAChunkPolicy', 'TermHistory']
+__all__ = ['ACTChunkPolicy', 'ACTIVATIONS', 'build_policy', 'FeedForwardPolicy',
+           'gaussian_noise', 'HistoryPolicy', 'KINDS', 'LEROBOT_KINDS', 'linear_scan',
+           'make_policy', 'ObservationHistory', 'Policy', 'RecurrentPolicy', 'ScriptedPolicy',
+           'SmolVLAChunkPolicy', 'TermHistory']
 
 
 def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activation='',
@@ -40,7 +43,7 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
     if kind not in KINDS:
         raise InvalidConfig(f'unknown policy kind {kind!r}; one of {sorted(KINDS)}')
     cls = KINDS[kind][0]
-    if kind == PolicyKind.SMOLVLA:
+    if kind in LEROBOT_KINDS:
         if sizes or activation:
             raise InvalidConfig(f'a {kind} policy takes its sizes, activation and noise from '
                                 f'its checkpoint, not {dict(sizes, activation=activation)}')

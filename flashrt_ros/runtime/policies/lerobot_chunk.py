@@ -1,5 +1,6 @@
-'''SmolVLAChunkPolicy: a LeRobot SmolVLA policy (cameras, instruction, state -> action chunks)
-whose execution state lives in the arena, so that a capsule holds all of it.
+'''LeRobot's chunk policies on the engine: SmolVLA (cameras, instruction, state -> action
+chunks) and ACT (cameras, state -> action chunks), whose execution state lives in the arena,
+so that a capsule holds all of it.
 
 LeRobot's select_action keeps a deque of actions and, when it runs empty, computes a chunk:
 the prefix (images through SigLIP, instruction tokens, state) through the VLM fills a KV cache,
@@ -33,67 +34,55 @@ from ..errors import InvalidConfig
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
 
-# SmolVLAConfig fields that change the actions for the same weights and inputs
-_COMPUTATION = ('chunk_size', 'num_steps', 'max_state_dim', 'max_action_dim',
-                'resize_imgs_with_padding', 'prefix_length', 'attention_mode',
-                'num_vlm_layers', 'num_expert_layers', 'self_attn_every_n_layers',
-                'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
-                'max_period', 'use_cache', 'empty_cameras')
 STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
     'observation.language.attention_mask'
 
 
-class SmolVLAChunkPolicy(Policy):
-    '''A lerobot SmolVLAPolicy (built, or SmolVLAPolicy.from_pretrained(folder)) as a policy
-    over arena state. cameras: {feature key: (3, H, W)} of the images the node will give
-    (default: the config's image features, at their configured shapes).'''
+class LeRobotChunkPolicy(Policy):
+    '''What LeRobot's chunk policies share: the observation vector's layout (state, cameras,
+    and for a language policy the instruction's tokens), normalisation with the checkpoint's
+    statistics, and the chunk in the arena (`queue`, `left`), refilled by _compute() when it
+    runs empty. cameras: {feature key: (3, H, W)} of the images the node will give (default:
+    the config's image features, at their configured shapes).'''
 
-    kind = 'smolvla'
     capturable = False      # see the module note
+    tokens = 0              # the instruction's token count (a language policy)
+    computation = ()        # config fields that change the actions for the same weights
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
-        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
-            raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
-                                'supported yet')
         state_dim = cfg.input_features[STATE].shape[0]
         cams = {k: tuple(f.shape) for k, f in cfg.image_features.items()} if cameras is None \
             else {k: tuple(int(s) for s in v) for k, v in cameras.items()}
         unknown = sorted(set(cams) - set(cfg.image_features))
         if unknown or not cams or any(len(s) != 3 or s[0] != 3 for s in cams.values()):
-            raise InvalidConfig(f'smolvla cameras {cams}: each a (3, H, W) image of the '
+            raise InvalidConfig(f'{self.kind} cameras {cams}: each a (3, H, W) image of the '
                                 f'config\'s {sorted(cfg.image_features)}')
-        self.tokens = int(cfg.tokenizer_max_length)
         obs_dim = state_dim + sum(3 * h * w for _, h, w in cams.values()) + 2 * self.tokens
         super().__init__(obs_dim, cfg.output_features['action'].shape[0], seed=seed)
         self.lerobot = lerobot_policy.eval()
-        # the statistics are buffers: they move with the model and are in its digest
-        self._modes = {}
-        for key, ftype in ((STATE, 'STATE'), ('action', 'ACTION')):
-            self._modes[key], found = _statistics(cfg, key, ftype, stats)
-            for name, value in found.items():
-                self.register_buffer(f'{key.replace(".", "_")}_{name}', value)
         self.state_dim, self.cameras = state_dim, cams
         self.chunk, self.steps = int(cfg.chunk_size), int(cfg.n_action_steps)
-        self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
-        # the prefix's length and the cache's layout, from one prefix pass on zeros
-        kv, pad = self._prefix(torch.zeros(obs_dim, device=self.device))
-        first = kv[0]['key_states']
-        self.layers, self.kv_shape = len(kv), tuple(first.shape)
-        self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+        # the statistics are buffers: they move with the model and are in its digest
+        self._modes = {}
+        for key, ftype in ((STATE, 'STATE'), ('action', 'ACTION'),
+                           *((k, 'VISUAL') for k in cams)):
+            self._modes[key], found = _statistics(self.kind, cfg, key, ftype, stats)
+            for name, value in found.items():
+                self.register_buffer(f'{key.replace(".", "_")}_{name}', value)
 
     @classmethod
     def from_pretrained(cls, folder, cameras=None, seed=0):
         '''A LeRobot checkpoint folder (config.json, model.safetensors and the processor files
         save_pretrained writes), loaded by LeRobot itself; the statistics are those of its
         policy_preprocessor's normaliser.'''
-        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+        from lerobot.policies.factory import get_policy_class
         from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
         pre = PolicyProcessorPipeline.from_pretrained(
             folder, config_filename='policy_preprocessor.json')
         found = [s.stats for s in pre.steps if isinstance(s, NormalizerProcessorStep)]
-        return cls(SmolVLAPolicy.from_pretrained(folder), stats=found[0] if found else None,
-                   cameras=cameras, seed=seed)
+        return cls(get_policy_class(cls.kind).from_pretrained(folder),
+                   stats=found[0] if found else None, cameras=cameras, seed=seed)
 
     def config(self):
         # what shapes the computation besides the weights; never a path (vlm_model_name): a
@@ -102,41 +91,30 @@ class SmolVLAChunkPolicy(Policy):
         return {**super().config(), 'cameras': sorted(self.cameras.items()),
                 'n_action_steps': self.steps, 'tokens': self.tokens, 'normalisation': sorted(
                     (k, v) for k, v in self._modes.items()),
-                **{k: repr(getattr(cfg, k, None)) for k in _COMPUTATION}}
+                **{k: repr(getattr(cfg, k, None)) for k in self.computation}}
 
     def state_specs(self):
-        cache = (self.layers, *self.kv_shape)
         return [BufferSpec('queue', (self.steps, self.act_dim), torch.float32, 'chunk'),
-                BufferSpec('left', (1,), torch.int64, 'chunk'),
-                BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
-                BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
-                BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
-                self._rng_spec()]
+                BufferSpec('left', (1,), torch.int64, 'chunk')]
+
+    @torch.no_grad()
+    def reset_state(self):
+        for view in self.views.values():
+            view.zero_()
+        if 'rng' in self.views:     # a policy that samples (SmolVLA's noise)
+            self.views['rng'][0] = self.seed
 
     def _inputs(self, obs):
-        '''The LeRobot batch the observation vector packs (views, no copies but the tokens).'''
+        '''The LeRobot batch the observation vector packs, normalised.'''
         batch, at = {STATE: self._normalised(STATE, obs[:self.state_dim].view(1, -1))}, \
             self.state_dim
         for key, (c, h, w) in self.cameras.items():
-            batch[key] = obs[at:at + c * h * w].view(1, c, h, w)
+            batch[key] = self._normalised(key, obs[at:at + c * h * w].view(1, c, h, w))
             at += c * h * w
-        batch[TOKENS] = obs[at:at + self.tokens].view(1, -1).to(torch.long)
-        batch[MASK] = obs[at + self.tokens:].view(1, -1) != 0
+        if self.tokens:
+            batch[TOKENS] = obs[at:at + self.tokens].view(1, -1).to(torch.long)
+            batch[MASK] = obs[at + self.tokens:].view(1, -1) != 0
         return batch
-
-    def _prefix(self, obs):
-        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).'''
-        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
-        model, batch = self.lerobot.model, self._inputs(obs)
-        images, img_masks = self.lerobot.prepare_images(batch)
-        state = self.lerobot.prepare_state(batch)
-        embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
-                                            state=state)
-        _, kv = model.vlm_with_expert.forward(
-            attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
-            past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
-            fill_kv_cache=True)
-        return kv, pad
 
     def _normalised(self, key, x, inverse=False):
         '''LeRobot's NormalizerProcessorStep._apply_transform, the same operations in order.'''
@@ -151,23 +129,80 @@ class SmolVLAChunkPolicy(Policy):
             return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
         return x
 
+    @torch.no_grad()
+    def step(self, obs, action):
+        v = self.views
+        if int(v['left']) == 0:     # the queue ran empty: the next chunk (host branch)
+            chunk = self._compute(self._inputs(obs))        # [>= n_action_steps, act_dim]
+            v['queue'].copy_(self._normalised('action', chunk[:self.steps], True))
+            v['left'].fill_(self.steps)
+        action.copy_(v['queue'][self.steps - int(v['left'])])
+        v['left'].sub_(1)
+
+    def fresh_chunk(self, views):
+        '''The chunk (numpy [n_action_steps, act_dim]) when the session's latest step
+        computed it (its first action was that step's), else None; views: the session's.'''
+        if int(views['left']) != self.steps - 1:
+            return None
+        return views['queue'].cpu().numpy()
+
+
+class SmolVLAChunkPolicy(LeRobotChunkPolicy):
+    '''A lerobot SmolVLAPolicy: the prefix KV cache of every layer, its pad mask and the
+    noise's rng counter are arena state too.'''
+
+    kind = 'smolvla'
+    computation = ('chunk_size', 'num_steps', 'max_state_dim', 'max_action_dim',
+                   'resize_imgs_with_padding', 'prefix_length', 'attention_mode',
+                   'num_vlm_layers', 'num_expert_layers', 'self_attn_every_n_layers',
+                   'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
+                   'max_period', 'use_cache', 'empty_cameras')
+
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
+        cfg = lerobot_policy.config
+        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
+            raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
+                                'supported yet')
+        self.tokens = int(cfg.tokenizer_max_length)
+        super().__init__(lerobot_policy, stats, cameras, seed)
+        self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
+        # the prefix's length and the cache's layout, from one prefix pass on zeros
+        kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)))
+        first = kv[0]['key_states']
+        self.layers, self.kv_shape = len(kv), tuple(first.shape)
+        self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+
+    def state_specs(self):
+        cache = (self.layers, *self.kv_shape)
+        return super().state_specs() + [
+            BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
+            BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
+            BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
+            self._rng_spec()]
+
+    def _prefix(self, batch):
+        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).'''
+        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+        model = self.lerobot.model
+        images, img_masks = self.lerobot.prepare_images(batch)
+        state = self.lerobot.prepare_state(batch)
+        embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
+                                            state=state)
+        _, kv = model.vlm_with_expert.forward(
+            attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
+            past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
+            fill_kv_cache=True)
+        return kv, pad
+
     def valid_probe(self, obs):
         '''The engine's determinism probe fills observations with random floats: valid token
         ids (0) and an attention mask (1) instead, in place.'''
         obs[..., -2 * self.tokens:-self.tokens] = 0
         obs[..., -self.tokens:] = 1
 
-    @torch.no_grad()
-    def step(self, obs, action):
-        v = self.views
-        if int(v['left']) == 0:     # the queue ran empty: the next chunk (host branch)
-            self._next_chunk(obs)
-        action.copy_(v['queue'][self.steps - int(v['left'])])
-        v['left'].sub_(1)
-
-    def _next_chunk(self, obs):
+    def _compute(self, batch):
         v, model, cfg = self.views, self.lerobot.model, self.lerobot.config
-        kv, pad = self._prefix(obs)
+        kv, pad = self._prefix(batch)
         for i in range(self.layers):
             v['prefix_k'][i].copy_(kv[i]['key_states'])
             v['prefix_v'][i].copy_(kv[i]['value_states'])
@@ -181,15 +216,7 @@ class SmolVLAChunkPolicy(Policy):
             t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
             x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=v['prefix_pad'],
                                             past_key_values=cache, timestep=t)
-        v['queue'].copy_(self._normalised('action', x[0, :self.steps, :self.act_dim], True))
-        v['left'].fill_(self.steps)
-
-    def fresh_chunk(self, views):
-        '''The chunk (numpy [n_action_steps, act_dim]) when the session's latest step
-        computed it (its first action was that step's), else None; views: the session's.'''
-        if int(views['left']) != self.steps - 1:
-            return None
-        return views['queue'].cpu().numpy()
+        return x[0, :, :self.act_dim]
 
     def noise(self):
         '''The flow-matching start of the next chunk, [1, chunk_size, max_action_dim]: a pure
@@ -199,7 +226,26 @@ class SmolVLAChunkPolicy(Policy):
         return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
 
 
-def _statistics(cfg, key, feature_type, stats):
+class ACTChunkPolicy(LeRobotChunkPolicy):
+    '''A lerobot ACTPolicy: a chunk per n_action_steps steps, from the transformer (no noise
+    at inference: the latent is zero); the chunk is its whole state.'''
+
+    kind = 'act'
+    computation = ('chunk_size', 'vision_backbone', 'replace_final_stride_with_dilation',
+                   'pre_norm', 'dim_model', 'n_heads', 'n_encoder_layers', 'n_decoder_layers',
+                   'use_vae', 'latent_dim', 'feedforward_activation')
+
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
+        if lerobot_policy.config.temporal_ensemble_coeff is not None:
+            raise InvalidConfig('act: temporal ensembling is not supported yet (set '
+                                'temporal_ensemble_coeff to None: the action queue)')
+        super().__init__(lerobot_policy, stats, cameras, seed)
+
+    def _compute(self, batch):
+        return self.lerobot.predict_action_chunk(batch)[0]
+
+
+def _statistics(kind, cfg, key, feature_type, stats):
     '''(mode, float32 statistics) of LeRobot's (Un)NormalizerProcessorStep for feature `key`:
     ('identity', {}), ('mean_std', mean and std) or ('min_max', min and max).'''
     from lerobot.configs.types import FeatureType, NormalizationMode
@@ -208,12 +254,12 @@ def _statistics(cfg, key, feature_type, stats):
     if mode == NormalizationMode.IDENTITY:
         return 'identity', {}
     if mode not in (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX):
-        raise InvalidConfig(f'smolvla: normalisation {mode.value} of {key!r} is not supported '
+        raise InvalidConfig(f'{kind}: normalisation {mode.value} of {key!r} is not supported '
                             'yet')
     have = (stats or {}).get(key)
     names = ('mean', 'std') if mode == NormalizationMode.MEAN_STD else ('min', 'max')
     if have is None or any(n not in have for n in names):
-        raise InvalidConfig(f'smolvla: the config normalises {key!r} ({mode.value}) and no '
+        raise InvalidConfig(f'{kind}: the config normalises {key!r} ({mode.value}) and no '
                             f'{"/".join(names)} statistics were given (load the checkpoint '
                             'with from_pretrained, or pass stats=): its actions would be wrong')
     return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
@@ -221,10 +267,10 @@ def _statistics(cfg, key, feature_type, stats):
 
 def checkpoint_inputs(folder):
     '''What a LeRobot checkpoint folder's observation holds, for whoever packs it (the
-    vla_inputs node): ({camera key: (3, H, W)} in the config's order, the token count,
-    tokenize(text) -> (token ids, attention mask) as float32 arrays). tokenize runs the
-    checkpoint's own pre-processor (its tokenizer, SmolVLA's newline, its padding) on the text,
-    so the ids are the ones LeRobot's pipeline gives its model.'''
+    vla_inputs node): ({camera key: (3, H, W)} in the config's order, the token count (0: no
+    instruction), tokenize(text) -> (token ids, attention mask) as float32 arrays, or None).
+    tokenize runs the checkpoint's own pre-processor (its tokenizer, SmolVLA's newline, its
+    padding) on the text, so the ids are the ones LeRobot's pipeline gives its model.'''
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
     config = PreTrainedConfig.from_pretrained(folder)
@@ -232,9 +278,10 @@ def checkpoint_inputs(folder):
     cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
     blank = {STATE: torch.zeros(config.input_features[STATE].shape),
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}
+    tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
 
     def tokenize(text):
         out = pre({**blank, 'task': text})
         return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
                 out[MASK].reshape(-1).to(torch.float32).numpy())
-    return cameras, int(config.tokenizer_max_length), tokenize
+    return cameras, tokens, tokenize if tokens else None

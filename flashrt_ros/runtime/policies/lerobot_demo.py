@@ -103,3 +103,36 @@ def checkpoint(vlm_path, folder, seed=0, size='demo'):
     for part in (policy, pre, post):
         part.save_pretrained(folder)
     return str(folder)
+
+
+def act(seed=0):
+    '''A lerobot ACTPolicy at small sizes (the ResNet-18 backbone ACT always has, random, no
+    pretrained weights), the demo's cameras and sizes, weights from torch.manual_seed(seed).'''
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.act.modeling_act import ACTPolicy
+    config = ACTConfig(
+        input_features={'observation.state': PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
+                        **{k: PolicyFeature(FeatureType.VISUAL, s) for k, s in CAMERAS.items()}},
+        output_features={'action': PolicyFeature(FeatureType.ACTION, (ACT_DIM,))},
+        chunk_size=8, n_action_steps=5, dim_model=32, n_heads=2, dim_feedforward=64,
+        n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8,
+        pretrained_backbone_weights=None, device='cpu')
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ACTPolicy(config).eval()
+
+
+def act_checkpoint(folder, seed=0):
+    '''An ACT checkpoint folder as training writes it, with seeded statistics (the images'
+    per channel, as a LeRobot dataset has them).'''
+    from lerobot.policies.act.processor_act import make_act_pre_post_processors
+    policy = act(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    stats = {**statistics(seed), **{k: {'mean': torch.rand(3, 1, 1, generator=gen),
+                                        'std': torch.rand(3, 1, 1, generator=gen) + 0.1}
+                                    for k in CAMERAS}}
+    pre, post = make_act_pre_post_processors(policy.config, stats)
+    for part in (policy, pre, post):
+        part.save_pretrained(folder)
+    return str(folder)
