@@ -1,5 +1,6 @@
-"""A LeRobot SmolVLA checkpoint on the robot: the flashrt_policy node (policy_type smolvla) and
-vla_inputs, which packs the cameras, the joint states and the instruction into its observation.
+"""A LeRobot SmolVLA (or ACT) checkpoint on the robot: the flashrt_policy node (policy_type
+smolvla or act, from the checkpoint) and vla_inputs, which packs the cameras, the joint states
+and the instruction (SmolVLA's) into its observation.
 
 ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     camera_topics:=observation.images.top=/camera/top/image_raw[,<key>=<topic>...]
@@ -39,7 +40,7 @@ def _nodes(context):
     obs_dim = state + sum(c * h * w for c, h, w in cameras.values()) + 2 * tokens
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
                                           ('~/action_chunk', a['action_chunk_topic'])) if dst]
-    params = {'policy_type': 'smolvla', 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
+    params = {'policy_type': config.type, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
               'act_dim': config.output_features['action'].shape[0], 'autostart': True,
               'device': a['device'], 'chunk_period': float(a['chunk_period'])}
     if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
