@@ -1,6 +1,5 @@
 """PolicyEngine: the committed step boundary, session addressing and diagnostics; the facade
-over the step program (step.py), the capsule operations (capsule_ops.py), the capsule store
-and the rollback ring.
+over step.py, capsule_ops.py, the capsule store and the rollback ring.
 
 One lock serialises step() and every capsule operation, so an operation always sees the state
 between two steps. Host mirrors of the meta counters (step_index, episode, position) are
@@ -17,9 +16,8 @@ session's kernels one after another), so every session's actions are bit for bit
 single-session engine of the same model, and a capsule replays the same actions in any
 session. batch_sessions=True computes the fleet as one batch (one matrix product per layer
 for all sessions: far fewer kernels), which BLAS libraries round differently from a batch of
-one: actions then agree with single-session runs to float rounding, not bit for bit, and may
-differ in the last bits between sessions given the same state (the row of a product can
-change its rounding). Each session's actions still never depend on another session's state.
+one: actions then agree with single-session runs to float rounding, not bit for bit (a row's
+rounding may depend on its place); they never depend on another session's state.
 A policy on batch-invariant kernels (policy.set_kernels('batch_invariant'), invariant.py)
 steps a fleet as one batch and exactly: every session bit for bit a single-session engine on
 the same kernels (checked on this machine at construction, invariant.verify).
@@ -147,8 +145,10 @@ class PolicyEngine:
     def _observations(self, obs, rows=None, on_device=False):
         """step.as_observations (as_device_observations) here; a refusal is counted."""
         try:
-            return (as_device_observations if on_device else as_observations)(
+            obs = (as_device_observations if on_device else as_observations)(
                 obs, self.obs_dim, rows)
+            getattr(self.policy, 'check_observation', id)(obs)   # inputs that are not floats
+            return obs
         except InvalidObservation:
             self.rejected_observations += 1
             raise

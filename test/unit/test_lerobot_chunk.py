@@ -18,7 +18,7 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy  # noqa: E402
 
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
-from flashrt_ros.runtime.errors import InvalidConfig  # noqa: E402
+from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy  # noqa: E402
 from support.smolvla import (ACT_DIM, checkpoint, frames, pipeline, smolvla,  # noqa: E402
@@ -148,3 +148,26 @@ def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path
     for _ in range(8):
         engine.restore('mid')
         assert torch.equal(torch.stack([engine.step(o) for o in obs[STEPS + 2:]]), later)
+
+
+def test_token_ids_that_are_not_the_models_are_refused_before_the_state_moves(
+        folders, tmp_path):
+    """A token id that is no integer, negative or past the vocabulary, or a mask value other
+    than 0 and 1, would be embedded as another token without an error: refused, counted, and
+    the state is what it was (the next good step gives the same action as without them)."""
+    _, folder = folders
+    engine, twin = _engine(folder, tmp_path / 'a'), _engine(folder, tmp_path / 'b')
+    obs = vectors(folder, frames(2))
+    tokens = engine.policy.tokens
+    engine.step(obs[0])
+    twin.step(obs[0])
+    for position, value in ((-2 * tokens, 3.5), (-2 * tokens + 1, -1.0),
+                            (-tokens - 1, 1e6), (-1, 0.5)):
+        bad = obs[1].copy()
+        bad[position] = value
+        with pytest.raises(InvalidObservation, match='instruction'):
+            engine.step(bad)
+        with pytest.raises(InvalidObservation, match='instruction'):
+            engine.step_all(torch.from_numpy(bad)[None])       # on the device path too
+    assert engine.rejected_observations == 8
+    assert torch.equal(engine.step(obs[1]), twin.step(obs[1]))

@@ -30,7 +30,7 @@ real-time chunking.
 
 import torch
 
-from ..errors import InvalidConfig
+from ..errors import InvalidConfig, InvalidObservation
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
 
@@ -193,6 +193,23 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
             past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
             fill_kv_cache=True)
         return kv, pad
+
+    def check_observation(self, obs):
+        '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
+        tensor, finite) holds token ids the model embeds (integers in [0, vocabulary)) and a
+        mask of 0 and 1: a float there would be truncated to another token without an error.'''
+        ids = torch.as_tensor(obs)[..., -2 * self.tokens:-self.tokens]
+        mask = torch.as_tensor(obs)[..., -self.tokens:]
+        vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
+            .embed_tokens.num_embeddings
+        if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
+            first = self.obs_dim - 2 * self.tokens
+            raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
+                                     f'{vocabulary}) (observation values {first}..'
+                                     f'{first + self.tokens - 1})')
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the '
+                                     f'last {self.tokens} observation values)')
 
     def valid_probe(self, obs):
         '''The engine's determinism probe fills observations with random floats: valid token
