@@ -113,10 +113,23 @@ class ControlLoop:
                 self.robot.publish_commands(s, action)
             else:
                 self._supervised(s, guard.supervisor, action)
-            if self.settings.lockstep:
+            if self.settings.lockstep or not self.settings.terms:     # one answer per input
                 s.unsent = None if self.robot.reaches(s) else action
             guard.committed()
         return published
+
+    def resend_unheard(self):
+        """An event-driven session's last action (one answer per observation), published while
+        no subscriber had matched on the node's side: a client still in discovery (its own
+        side matched; seen under load, the demo driver waiting 30 s), for which a volatile
+        topic keeps nothing. It goes out again once one has matched (on the status timer)."""
+        if self.settings.lockstep or self.settings.terms:
+            return      # lock-step re-sends on the world's re-sent readings; timer mode ticks
+        for s in self.sessions:
+            if s.unsent is not None and self.robot.reaches(s):
+                self.robot.publish_action(s, s.unsent)
+                self.robot.publish_commands(s, s.unsent)
+                s.unsent = None
 
     # -- the safety supervisor (runtime/safety.py) ----------------------------------------------
 

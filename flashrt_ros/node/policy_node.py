@@ -314,6 +314,8 @@ class PolicyNode(LifecycleNode):
         return self.report.diagnostic(status, self.engine, parts.guards if parts else ())
 
     def publish_status(self):
+        if self.parts is not None:
+            self.parts.loop.resend_unheard()
         status = self.status_message()
         self.status_pub.publish(status)
         diagnostics = DiagnosticArray()

@@ -588,3 +588,29 @@ def test_500hz_burst_every_observation_answered_or_reported(make, stalled):
     # a passing sum
     time.sleep(0.5)
     assert h.node.engine.step_index == s.step
+
+
+def test_an_action_published_before_any_subscriber_matched_goes_out_once_one_does(make):
+    """An observation answered while no subscriber of ~/action had matched on the node's side
+    (a client still in discovery) is not lost: the action goes out again, once, when one
+    matches (status timer), and it is the policy's answer to that observation."""
+    import array
+
+    from std_msgs.msg import Float32MultiArray
+    h = make()
+    h.client.close()                        # no subscriber of ~/action is left
+    pub_node = h.client_node
+    pub = pub_node.create_publisher(Float32MultiArray, f'/{h.name}/observation', 10)
+    action_pub = h.node.parts.robot.sessions[0].action_pub
+    wait_for(lambda: pub.get_subscription_count() > 0 and
+             action_pub.get_subscription_count() == 0, what='only the observation matched')
+    o = obs(1)
+    pub.publish(Float32MultiArray(data=array.array('f', o)))
+    wait_for(lambda: h.node.engine.step_index == 1, what='the node to step')
+    assert h.node.parts.robot.sessions[0].unsent is not None
+    got = []
+    pub_node.create_subscription(Float32MultiArray, f'/{h.name}/action',
+                                 lambda m: got.append(list(m.data)), 10)
+    wait_for(lambda: got, what='the action, once a subscriber matched')
+    time.sleep(0.5)                         # five status periods: sent once, not again
+    assert got == h.reference([o]) and h.node.parts.robot.sessions[0].unsent is None
