@@ -36,7 +36,7 @@ from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.policies import make_policy
 
 from .environment import device_slug, environment, resolve_device, results_stem
-from .report import log, Report
+from .report import checks_and_command, environment_line, log, Report
 from .sections import check, free_memory, ratio
 from .timing import interleaved, stats, wall
 
@@ -221,9 +221,7 @@ def capsule_row(b, name, n):
 def render(results):
     env, out = results['environment'], []
     out += [f'# Fleet at scale: {env["device_name"]} ({env["mode"]})\n',
-            f'- date: {env["date"]}, torch {env["torch"]}, CUDA {env["cuda"] or "-"}, Python '
-            f'{env["python"]}, commit {env["git_commit"]}'
-            f'{" (modified)" if env["git_dirty"] else ""}',
+            environment_line(env),
             '- whole step_all call, host wall p50 / p99 in us; replay = graph replay + sync '
             'alone; variants interleaved in one loop\n',
             '| policy | N | invariant (exact) | batched | exact (per session) | N engines | '
@@ -248,11 +246,7 @@ def render(results):
         cells = [f'{r["ops"][op]["fleet"]["p50"]:.1f} vs {r["ops"][op]["single"]["p50"]:.1f} '
                  f'({r["ops"][op]["fleet_vs_single_p50"]:.2f}x)' for op in OPS]
         out.append(f'| {r["policy"]} | {r["n"]} | ' + ' | '.join(cells) + ' |')
-    checks = results['checks']
-    out.append(f'\n## Identity checks: {sum(c["passed"] for c in checks)} / {len(checks)}\n')
-    out += [f'- {"passed" if c["passed"] else "FAILED"}: {c["name"]}' for c in checks]
-    out.append(f'\nCommand: `{results.get("command", "")}`')
-    return '\n'.join(out) + '\n'
+    return '\n'.join(out + checks_and_command(results)) + '\n'
 
 
 def main(argv=None):

@@ -24,6 +24,22 @@ def p50_p99(s):
     return f'{micros(s["p50"])} / {micros(s["p99"])}'
 
 
+def environment_line(env):
+    """The report's '- date: ...' line: date, torch, CUDA, Python and the project commit."""
+    return (f'- date: {env["date"]}, torch {env["torch"]}, CUDA {env["cuda"] or "-"}, Python '
+            f'{env["python"]}, commit {env["git_commit"]}'
+            f'{" (modified)" if env["git_dirty"] else ""}')
+
+
+def checks_and_command(results):
+    """The report's closing lines: its identity checks (passed / all, each named) and the
+    command that produced it."""
+    checks = results['checks']
+    out = [f'\n## Identity checks: {sum(c["passed"] for c in checks)} / {len(checks)}\n']
+    out += [f'- {"passed" if c["passed"] else "FAILED"}: {c["name"]}' for c in checks]
+    return out + [f'\nCommand: `{results.get("command", "")}`']
+
+
 class Report:
     """Results so far; written to <out>.json and <out>.md every time a section finishes.
     render_md(results) -> markdown: the tables of the suite that writes the report."""

@@ -25,7 +25,7 @@ import tempfile
 import torch
 
 from .environment import device_slug, environment, resolve_device, results_stem
-from .report import log, Report
+from .report import checks_and_command, environment_line, log, Report
 from .sections import check, ratio
 from .timing import interleaved, stats, wall
 
@@ -132,9 +132,7 @@ def run(device, size, cfg, tmp, checks):
 def render(results):
     env, out = results['environment'], []
     out += [f'# SmolVLA on the engine vs LeRobot: {env["device_name"]} ({env["mode"]})\n',
-            f'- date: {env["date"]}, torch {env["torch"]}, CUDA {env["cuda"] or "-"}, Python '
-            f'{env["python"]}, commit {env["git_commit"]}'
-            f'{" (modified)" if env["git_dirty"] else ""}',
+            environment_line(env),
             '- whole call, host wall p50 in us (device synchronised); eager on every device\n',
             '| model | params | LeRobot chunk | engine chunk (ratio) | LeRobot pop | restore + '
             'next action | chunk / (restore + next) | snapshot | capsule bytes |',
@@ -147,11 +145,7 @@ def render(results):
                    f'{r["engine_restore_and_pop"]["p50"]:.0f} | '
                    f'{q["chunk_vs_restore_and_pop"]:.0f}x | {r["engine_snapshot"]["p50"]:.0f} '
                    f'| {r["capsule_bytes"]:,} |')
-    checks = results['checks']
-    out.append(f'\n## Identity checks: {sum(c["passed"] for c in checks)} / {len(checks)}\n')
-    out += [f'- {"passed" if c["passed"] else "FAILED"}: {c["name"]}' for c in checks]
-    out.append(f'\nCommand: `{results.get("command", "")}`')
-    return '\n'.join(out) + '\n'
+    return '\n'.join(out + checks_and_command(results)) + '\n'
 
 
 def main(argv=None):
