@@ -32,16 +32,12 @@ def _list(text):
 
 def _nodes(context):
     a = {k: LaunchConfiguration(k).perform(context) for k in ARGUMENTS}
-    from flashrt_ros.runtime.policies.lerobot_chunk import checkpoint_inputs
-    cameras, tokens, _ = checkpoint_inputs(a['checkpoint'])
-    from lerobot.configs.policies import PreTrainedConfig
-    config = PreTrainedConfig.from_pretrained(a['checkpoint'])
-    state = config.input_features['observation.state'].shape[0]
-    obs_dim = state + sum(c * h * w for c, h, w in cameras.values()) + 2 * tokens
+    from flashrt_ros.runtime.policies.lerobot_chunk import checkpoint_sizes
+    kind, obs_dim, act_dim = checkpoint_sizes(a['checkpoint'])
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
                                           ('~/action_chunk', a['action_chunk_topic'])) if dst]
-    params = {'policy_type': config.type, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
-              'act_dim': config.output_features['action'].shape[0], 'autostart': True,
+    params = {'policy_type': kind, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
+              'act_dim': act_dim, 'autostart': True,
               'device': a['device'], 'chunk_period': float(a['chunk_period'])}
     if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
         params['action_joint_names'] = _list(a['action_joint_names'])

@@ -101,9 +101,9 @@ class VLAInputs(Node):
             return      # not everything has come yet
         state = np.array([msg.position[where[j]] for j in self.joints], np.float32)
         out = Float32MultiArray()
-        out.data = array.array('f', np.concatenate(
+        out.data = array.array('f', np.concatenate(     # every part float32 already
             [state, *[self.images[k].ravel() for k in self.cameras], *self.instruction]
-        ).astype(np.float32).tobytes())
+        ).tobytes())
         self.pub.publish(out)
 
 

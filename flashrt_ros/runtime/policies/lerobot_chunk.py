@@ -58,8 +58,8 @@ class LeRobotChunkPolicy(Policy):
         if unknown or not cams or any(len(s) != 3 or s[0] != 3 for s in cams.values()):
             raise InvalidConfig(f'{self.kind} cameras {cams}: each a (3, H, W) image of the '
                                 f'config\'s {sorted(cfg.image_features)}')
-        obs_dim = state_dim + sum(3 * h * w for _, h, w in cams.values()) + 2 * self.tokens
-        super().__init__(obs_dim, cfg.output_features['action'].shape[0], seed=seed)
+        super().__init__(observation_size(state_dim, cams, self.tokens),
+                         cfg.output_features['action'].shape[0], seed=seed)
         self.lerobot = lerobot_policy.eval()
         self.state_dim, self.cameras = state_dim, cams
         self.chunk, self.steps = int(cfg.chunk_size), int(cfg.n_action_steps)
@@ -131,13 +131,13 @@ class LeRobotChunkPolicy(Policy):
 
     @torch.no_grad()
     def step(self, obs, action):
-        v = self.views
-        if int(v['left']) == 0:     # the queue ran empty: the next chunk (host branch)
+        v, left = self.views, int(self.views['left'])     # one read of the device
+        if left == 0:               # the queue ran empty: the next chunk (host branch)
             chunk = self._compute(self._inputs(obs))        # [>= n_action_steps, act_dim]
             v['queue'].copy_(self._normalised('action', chunk[:self.steps], True))
-            v['left'].fill_(self.steps)
-        action.copy_(v['queue'][self.steps - int(v['left'])])
-        v['left'].sub_(1)
+            left = self.steps
+        action.copy_(v['queue'][self.steps - left])
+        v['left'].fill_(left - 1)
 
     def fresh_chunk(self, views):
         '''The chunk (numpy [n_action_steps, act_dim]) when the session's latest step
@@ -171,6 +171,8 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         first = kv[0]['key_states']
         self.layers, self.kv_shape = len(kv), tuple(first.shape)
         self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+        self.vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
+            .embed_tokens.num_embeddings
 
     def state_specs(self):
         cache = (self.layers, *self.kv_shape)
@@ -198,10 +200,8 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
         tensor, finite) holds token ids the model embeds (integers in [0, vocabulary)) and a
         mask of 0 and 1: a float there would be truncated to another token without an error.'''
-        ids = torch.as_tensor(obs)[..., -2 * self.tokens:-self.tokens]
-        mask = torch.as_tensor(obs)[..., -self.tokens:]
-        vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
-            .embed_tokens.num_embeddings
+        obs, vocabulary = torch.as_tensor(obs), self.vocabulary
+        ids, mask = obs[..., -2 * self.tokens:-self.tokens], obs[..., -self.tokens:]
         if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
             first = self.obs_dim - 2 * self.tokens
             raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
@@ -280,6 +280,24 @@ def _statistics(kind, cfg, key, feature_type, stats):
                             f'{"/".join(names)} statistics were given (load the checkpoint '
                             'with from_pretrained, or pass stats=): its actions would be wrong')
     return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
+
+
+def observation_size(state_dim, cameras, tokens):
+    '''The observation vector's length: the state, each camera's 3 x H x W, and the
+    instruction's token ids and mask.'''
+    return state_dim + sum(c * h * w for c, h, w in cameras.values()) + 2 * tokens
+
+
+def checkpoint_sizes(folder):
+    '''(policy type, obs_dim, act_dim) of a LeRobot checkpoint folder, from its config alone
+    (what the policy node's parameters must say).'''
+    from lerobot.configs.policies import PreTrainedConfig
+    config = PreTrainedConfig.from_pretrained(folder)
+    cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
+    tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
+    state_dim = config.input_features[STATE].shape[0]
+    return (config.type, observation_size(state_dim, cameras, tokens),
+            config.output_features['action'].shape[0])
 
 
 def checkpoint_inputs(folder):
