@@ -291,6 +291,7 @@ def observation_size(state_dim, cameras, tokens):
 def checkpoint_sizes(folder):
     '''(policy type, obs_dim, act_dim) of a LeRobot checkpoint folder, from its config alone
     (what the policy node's parameters must say).'''
+    import lerobot.policies  # noqa: F401 - registers the config classes from_pretrained picks
     from lerobot.configs.policies import PreTrainedConfig
     config = PreTrainedConfig.from_pretrained(folder)
     cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
