@@ -32,7 +32,7 @@ def _list(text):
 
 def _nodes(context):
     a = {k: LaunchConfiguration(k).perform(context) for k in ARGUMENTS}
-    from flashrt_ros.runtime.policies.lerobot_chunk import checkpoint_sizes
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_sizes
     kind, obs_dim, act_dim = checkpoint_sizes(a['checkpoint'])
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
                                           ('~/action_chunk', a['action_chunk_topic'])) if dst]

@@ -53,7 +53,7 @@ class VLAInputs(Node):
             ('checkpoint', ''), ('policy', '/flashrt_policy'), ('camera_topics', ['']),
             ('camera_types', ['']), ('joint_names', ['']),
             ('joint_state_topic', '/joint_states'), ('instruction', ''))}
-        from flashrt_ros.runtime.policies.lerobot_chunk import checkpoint_inputs
+        from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
         self.cameras, self.tokens, self._tokenize = checkpoint_inputs(p['checkpoint'])
         topics = dict(t.split('=', 1) for t in p['camera_topics'] if t)
         missing = sorted(set(self.cameras) - set(topics))

@@ -10,6 +10,7 @@ import gc
 import time
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 class StepGraph:
@@ -26,10 +27,15 @@ class StepGraph:
     check: tensors whose data_ptr() must not move between replays (debug mode); replay()
     raises RuntimeError naming the tensor that moved, since a graph would silently keep
     reading the old address.
+
+    host_constants: run warm-up and capture under HostConstants (a step whose library code
+    builds small constants from host data on every call, such as LeRobot's).
     '''
 
-    def __init__(self, fn, device, enabled, state=None, warmup=3, *, pool=None, check=None):
+    def __init__(self, fn, device, enabled, state=None, warmup=3, *, pool=None, check=None,
+                 host_constants=False):
         self.fn = fn
+        self.constants = HostConstants() if host_constants else None
         self.device = torch.device(device)
         self.captured = False
         self.graph = None
@@ -40,12 +46,13 @@ class StepGraph:
 
     def _capture(self, state, warmup, pool):
         saved = state.clone() if state is not None else None
+        fn = self.fn if self.constants is None else lambda: self.constants.run(self.fn)
         stream = torch.cuda.Stream(self.device)
         # the side stream must see everything queued so far (arena init, weights upload)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup):
-                self.fn()
+                fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
@@ -60,7 +67,7 @@ class StepGraph:
         gc.disable()
         try:
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.fn()
+                fn()
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -89,6 +96,62 @@ class StepGraph:
                 raise RuntimeError(
                     f'StepGraph: buffer {name!r} moved from {ptr:#x} to '
                     f'{tensor.data_ptr():#x} after capture; the graph would read stale memory')
+
+
+class HostConstants(TorchFunctionMode):
+    '''Host-to-device copies of constants, made capturable. A CUDA graph cannot hold a copy
+    from pageable host memory (it synchronises), yet library code builds small constants from
+    Python values on every call (LeRobot: attention-mask patterns, the flow-matching timestep,
+    special tokens, ACT's zero latent). run(fn) calls fn under this mode: on the first call
+    (warm-up, eager) each such copy (torch.tensor(..., device=cuda), cpu_tensor.to(cuda),
+    .cuda()) runs and its result is kept, in call order; on later calls (more warm-up, the
+    capture) the k-th copy's host value must equal the kept one's (else RuntimeError: it is
+    not a constant, and a graph would freeze it) and a device-side clone of the kept tensor
+    stands in: a captured copy kernel, so code that writes its result in place cannot change
+    the constant. Any other host synchronisation still fails the capture, as it should.'''
+
+    def __init__(self):
+        super().__init__()
+        self.kept, self.index = [], 0
+
+    def run(self, fn):
+        self.index = 0
+        with self:
+            return fn()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        host = _host_value(func, args, kwargs)
+        if host is None:
+            return func(*args, **kwargs)
+        index, self.index = self.index, self.index + 1
+        if index == len(self.kept):
+            out = func(*args, **kwargs)
+            self.kept.append((host.clone(), out.clone()))
+            return out
+        kept_host, kept = self.kept[index]
+        if host.dtype != kept_host.dtype or host.shape != kept_host.shape or \
+                not torch.equal(host, kept_host):
+            raise RuntimeError(f'host-to-device copy #{index} ({func.__name__}) changed value '
+                               'between calls: not a constant, cannot be captured')
+        return kept.clone()
+
+
+def _host_value(func, args, kwargs):
+    '''The host tensor a call copies to a CUDA device, else None.'''
+    if func is torch.tensor:
+        device = kwargs.get('device')
+        if device is None or torch.device(device).type != 'cuda':
+            return None
+        return torch.tensor(args[0], dtype=kwargs.get('dtype'))
+    if func not in (torch.Tensor.to, torch.Tensor.cuda) or args[0].device.type != 'cpu':
+        return None
+    if func is torch.Tensor.cuda:
+        return args[0]
+    device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+    if device is None or torch.device(device).type != 'cuda':
+        return None
+    return args[0] if dtype is None else args[0].to(dtype)
 
 
 def probe_determinism(graphs, prepare, state, outputs, replays=3):

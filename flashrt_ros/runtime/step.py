@@ -197,10 +197,12 @@ class StepProgram:
         step cost grows with the history span (spans()) gets one step per span, all in one
         graph memory pool; a tick runs the smallest span covering the position."""
         device = self.arena.device
-        # a policy with capturable = False (a host-side branch, host-built tensors: e.g.
-        # lerobot_chunk.py) runs eagerly on CUDA too
-        enabled = bool(cuda_graph) and device.type == 'cuda' and \
-            getattr(self.policy, 'capturable', True)
+        enabled = bool(cuda_graph) and device.type == 'cuda'
+        if not getattr(self.policy, 'capturable', True):
+            # a step with a host-side branch (lerobot_chunk.py: compute a chunk or pop the
+            # queue) runs eagerly and captures its own parts
+            self.policy.capture(enabled)
+            enabled = False
         self.spans = list(getattr(self.policy, 'spans', list)()) or [None]
         self.graphs, pool = [], None
         for span in self.spans:

@@ -109,3 +109,32 @@ def test_graphs_share_one_pool_and_restore_between_replays():
     arena.storage.copy_(snapshot)          # a restore: same addresses, so the graph still holds
     second.replay()
     assert torch.equal(action, expected)
+
+
+@pytest.mark.cuda
+def test_host_built_constants_are_captured_and_a_changing_one_is_refused():
+    """Library code that builds constants from host values on every call (LeRobot's masks and
+    timesteps) captures under host_constants: the replay uses the kept constants, and writing
+    the result in place does not change them; a host value that changes between calls is
+    refused at capture instead of being frozen into the graph."""
+    cuda_or_skip()
+    x = torch.arange(4.0, device='cuda')
+    out = {}
+
+    def fn():
+        scale = torch.tensor([2.0, 3.0, 4.0, 5.0], device='cuda')
+        shift = torch.ones(4).to('cuda')
+        scale.add_(1)                   # in place on the stand-in: a copy of the constant
+        out['y'] = x * scale + shift
+    graph = StepGraph(fn, 'cuda', enabled=True, host_constants=True)
+    assert graph.captured
+    for _ in range(8):
+        graph.replay()
+        assert torch.equal(out['y'], x * torch.tensor([3.0, 4.0, 5.0, 6.0], device='cuda') + 1)
+    calls = []
+
+    def changing():
+        calls.append(1)
+        out['z'] = x * torch.tensor(float(len(calls)), device='cuda')
+    with pytest.raises(RuntimeError, match='changed value between calls'):
+        StepGraph(changing, 'cuda', enabled=True, host_constants=True)

@@ -25,6 +25,8 @@ from support.smolvla import (ACT_DIM, checkpoint, frames, pipeline, smolvla,  # 
                              STATE_DIM, statistics, vectors, vlm_folder)
 
 STEPS, CHUNK, SEED = 5, 8, 7      # n_action_steps, chunk_size, the engine's noise seed
+# the chunk is one captured CUDA graph on CUDA (LeRobot's reference runs eagerly there)
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
 
 
 @pytest.fixture(scope='module')
@@ -33,24 +35,32 @@ def folders(tmp_path_factory):
     return vlm, checkpoint(vlm, tmp_path_factory.mktemp('checkpoint'))
 
 
-def _engine(folder, tmp_path):
-    return PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED), device='cpu',
+def _engine(folder, tmp_path, device='cpu'):
+    return PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED), device=device,
                         capsule_dir=str(tmp_path / 'capsules'))
 
 
-def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path):
+def _on(device, batch):
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path, device):
     _, folder = folders
-    reference, (pre, post) = SmolVLAPolicy.from_pretrained(folder).eval(), pipeline(folder)
-    engine = _engine(folder, tmp_path)
+    reference, (pre, post) = SmolVLAPolicy.from_pretrained(folder).eval().to(device), \
+        pipeline(folder)
+    engine = _engine(folder, tmp_path, device)
+    assert engine.policy._chunk_graph.captured == (device == 'cuda')
     batch = frames(3 * STEPS + 2)
     for t, (frame, obs) in enumerate(zip(batch, vectors(folder, batch))):
         # LeRobot computes a chunk when its queue is empty: give it the noise the engine's
         # rng buffer draws for that chunk (seed SEED, counter = chunks so far)
-        noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([t // STEPS]),
+        noise = gaussian_noise(torch.tensor([SEED], device=device),
+                               torch.tensor([t // STEPS], device=device),
                                CHUNK * 16).view(1, CHUNK, 16)
-        want = post(reference.select_action(pre(dict(frame)), noise=noise))[0]
+        want = post(reference.select_action(_on(device, pre(dict(frame))), noise=noise))[0]
         got = engine.step(obs)
-        assert got.shape == (ACT_DIM,) and torch.equal(got, want), t
+        assert got.shape == (ACT_DIM,) and torch.equal(got.cpu(), want.cpu()), t
     state = engine.policy.views
     assert int(state['left']) == STEPS - (len(batch) % STEPS)
     assert int(state['rng'][1]) == 4 and state['prefix_pad'].any()
@@ -59,9 +69,10 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path):
                            torch.zeros_like(engine.policy.observation_state_mean))
 
 
-def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_path):
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_path, device):
     vlm, folder = folders
-    engine = _engine(folder, tmp_path)
+    engine = _engine(folder, tmp_path, device)
     obs_seq = vectors(folder, frames(2 * STEPS + 6, seed=1))
     for obs in obs_seq[:STEPS + 2]:
         engine.step(obs)
@@ -78,12 +89,12 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_p
     script = (
         'import sys, json, pathlib, numpy, torch; sys.path[:0] = %r\n'
         'from test_lerobot_chunk import _engine\n'
-        'e = _engine(%r, pathlib.Path(%r))\n'
+        'e = _engine(%r, pathlib.Path(%r), %r)\n'
         'e.load(%r, "mid")\n'
         'e.restore("mid")\n'
         'later = numpy.load(%r)\n'
         'print(json.dumps([e.step(o).tolist() for o in later]))\n'
-        % (sys.path, folder, str(tmp_path), str(path), str(tmp_path / 'later.npy')))
+        % (sys.path, folder, str(tmp_path), device, str(path), str(tmp_path / 'later.npy')))
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
                          cwd=str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -121,17 +132,19 @@ def act_folder(tmp_path_factory):
     return act_checkpoint(tmp_path_factory.mktemp('act'))
 
 
-def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path):
+@pytest.mark.parametrize('device', DEVICES)
+def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path, device):
     """ACT (the images normalised per channel too): the engine equals LeRobot's pre-processor,
     select_action and post-processor bit for bit over three chunks; a capsule mid-chunk
     replays the same actions 8 times."""
     from lerobot.policies.act.modeling_act import ACTPolicy
 
     from flashrt_ros.runtime.policies import ACTChunkPolicy
-    reference = ACTPolicy.from_pretrained(act_folder).eval()
+    reference = ACTPolicy.from_pretrained(act_folder).eval().to(device)
     pre, post = pipeline(act_folder)
-    engine = PolicyEngine(ACTChunkPolicy.from_pretrained(act_folder), device='cpu',
+    engine = PolicyEngine(ACTChunkPolicy.from_pretrained(act_folder), device=device,
                           capsule_dir=str(tmp_path / 'capsules'))
+    assert engine.policy._chunk_graph.captured == (device == 'cuda')
     batch = [{k: v for k, v in f.items() if k != 'task'} for f in frames(3 * STEPS, seed=3)]
     obs = [np.concatenate([f['observation.state'].numpy(),
                            *[f[k].numpy().ravel() for k in f if k.startswith('observation.im')]])
@@ -139,9 +152,9 @@ def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path
     assert engine.obs_dim == obs[0].size
     got = []
     for t, (frame, o) in enumerate(zip(batch, obs)):
-        want = post(reference.select_action(pre(dict(frame))))[0]
+        want = post(reference.select_action(_on(device, pre(dict(frame)))))[0]
         got.append(engine.step(o))
-        assert torch.equal(got[-1], want), t
+        assert torch.equal(got[-1].cpu(), want.cpu()), t
         if t == STEPS + 1:
             engine.snapshot('mid')
     later = torch.stack(got[STEPS + 2:])        # the run after the capsule, a chunk included

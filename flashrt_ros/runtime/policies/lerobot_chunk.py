@@ -22,20 +22,26 @@ The state is normalised and the actions unnormalised as LeRobot's processor pipe
 with the statistics of the checkpoint's policy_preprocessor files (from_pretrained) or given;
 a config that normalises state or actions with no statistics is refused, never run raw.
 
-Not yet (issue 24): capture in a CUDA graph (LeRobot's embed_prefix builds tensors from host
-lists on every call, and the chunk is a host-side branch: this kind runs eager, on any device),
-the node's camera and instruction topics, trajectory output, ACT temporal ensembling and
-real-time chunking.
+The step is a host-side branch (pop the queue, or compute a chunk first), so the engine runs
+it eagerly; the chunk's computation itself is one CUDA graph on CUDA (capture()): a function of
+static buffers (the observation and rng counter copied in; the chunk, and SmolVLA's prefix
+cache and pad mask, copied out to the session's arena views). LeRobot's host-built constants
+are kept at capture (graph.HostConstants); SigLIP's patch position ids, which transformers
+computes with host-synchronising ops, are recorded from transformers' own computation once
+(SmolVLAChunkPolicy._fixed_positions). On the CPU the same function runs eagerly.
+
+Not yet (issue 24): ACT temporal ensembling and real-time chunking.
 '''
+
+import contextlib
 
 import torch
 
 from ..errors import InvalidConfig, InvalidObservation
 from ..state import BufferSpec
+from ..graph import StepGraph
 from .base import gaussian_noise, Policy
-
-STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
-    'observation.language.attention_mask'
+from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
 
 
 class LeRobotChunkPolicy(Policy):
@@ -45,7 +51,7 @@ class LeRobotChunkPolicy(Policy):
     runs empty. cameras: {feature key: (3, H, W)} of the images the node will give (default:
     the config's image features, at their configured shapes).'''
 
-    capturable = False      # see the module note
+    capturable = False      # the engine runs step() eagerly and calls capture()
     tokens = 0              # the instruction's token count (a language policy)
     computation = ()        # config fields that change the actions for the same weights
 
@@ -70,6 +76,7 @@ class LeRobotChunkPolicy(Policy):
             self._modes[key], found = _statistics(self.kind, cfg, key, ftype, stats)
             for name, value in found.items():
                 self.register_buffer(f'{key.replace(".", "_")}_{name}', value)
+        self._chunk_graph = None
 
     @classmethod
     def from_pretrained(cls, folder, cameras=None, seed=0):
@@ -129,12 +136,32 @@ class LeRobotChunkPolicy(Policy):
             return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
         return x
 
+    def capture(self, enabled):
+        '''The chunk's computation over static buffers: one CUDA graph when enabled (on CUDA),
+        else the same function eagerly. Called by the engine once the policy is on its
+        device; step() calls it (eager) when nothing did.'''
+        self._chunk_obs = torch.zeros(self.obs_dim, device=self.device)
+        self._chunk_rng = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self._chunk_graph = StepGraph(self._chunk_fn, self.device, enabled, host_constants=True)
+
+    @torch.no_grad()
+    def _chunk_fn(self):
+        self._chunk_out = self._chunk(self._inputs(self._chunk_obs))
+
     @torch.no_grad()
     def step(self, obs, action):
         v, left = self.views, int(self.views['left'])     # one read of the device
         if left == 0:               # the queue ran empty: the next chunk (host branch)
-            chunk = self._compute(self._inputs(obs))        # [>= n_action_steps, act_dim]
-            v['queue'].copy_(self._normalised('action', chunk[:self.steps], True))
+            if self._chunk_graph is None:
+                self.capture(False)
+            self._chunk_obs.copy_(obs)
+            if 'rng' in v:
+                self._chunk_rng.copy_(v['rng'])
+            self._chunk_graph.replay()
+            for name, value in self._chunk_out.items():
+                v[name].copy_(value)
+            if 'rng' in v:
+                v['rng'][1:2].add_(1)       # the next chunk's noise
             left = self.steps
         action.copy_(v['queue'][self.steps - left])
         v['left'].fill_(left - 1)
@@ -167,7 +194,8 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
         # the prefix's length and the cache's layout, from one prefix pass on zeros
-        kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)))
+        kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)),
+                               record=True)
         first = kv[0]['key_states']
         self.layers, self.kv_shape = len(kv), tuple(first.shape)
         self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
@@ -182,14 +210,16 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
             BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
             self._rng_spec()]
 
-    def _prefix(self, batch):
-        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).'''
+    def _prefix(self, batch, record=False):
+        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).
+        record: with transformers' own patch position ids, recorded (the first pass).'''
         from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
         model = self.lerobot.model
         images, img_masks = self.lerobot.prepare_images(batch)
         state = self.lerobot.prepare_state(batch)
-        embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
-                                            state=state)
+        with self._recorded_positions() if record else self._fixed_positions():
+            embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
+                                                state=state)
         _, kv = model.vlm_with_expert.forward(
             attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
             past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
@@ -217,30 +247,66 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         obs[..., -2 * self.tokens:-self.tokens] = 0
         obs[..., -self.tokens:] = 1
 
-    def _compute(self, batch):
-        v, model, cfg = self.views, self.lerobot.model, self.lerobot.config
+    def _chunk(self, batch):
+        model, cfg = self.lerobot.model, self.lerobot.config
         kv, pad = self._prefix(batch)
-        for i in range(self.layers):
-            v['prefix_k'][i].copy_(kv[i]['key_states'])
-            v['prefix_v'][i].copy_(kv[i]['value_states'])
-        v['prefix_pad'].copy_(pad)
-        cache = {i: {'key_states': v['prefix_k'][i], 'value_states': v['prefix_v'][i]}
-                 for i in range(self.layers)}
-        x = self.noise()
-        v['rng'][1:2].add_(1)
+        x = self.noise(self._chunk_rng)
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
-            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=v['prefix_pad'],
-                                            past_key_values=cache, timestep=t)
-        return x[0, :, :self.act_dim]
+            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=pad, past_key_values=kv,
+                                            timestep=t)
+        return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True),
+                'prefix_k': torch.stack([kv[i]['key_states'] for i in range(self.layers)]),
+                'prefix_v': torch.stack([kv[i]['value_states'] for i in range(self.layers)]),
+                'prefix_pad': pad}
 
-    def noise(self):
-        '''The flow-matching start of the next chunk, [1, chunk_size, max_action_dim]: a pure
-        function of the rng buffer (seed, counter), which the chunk then advances.'''
-        rng = self.views['rng']
+    def noise(self, rng=None):
+        '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure
+        function of an rng buffer (seed, counter; default the session's: the next chunk's).'''
+        rng = self.views['rng'] if rng is None else rng
         n = self.noise_shape[1] * self.noise_shape[2]
         return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
+
+    def _vision_embeddings(self):
+        return self.lerobot.model.vlm_with_expert.get_vlm_model().vision_model.embeddings
+
+    @contextlib.contextmanager
+    def _recorded_positions(self):
+        '''Keep the patch position ids transformers computes for each image shape.'''
+        emb, shape = self._vision_embeddings(), []
+        self._positions = {}
+        hooks = [emb.register_forward_pre_hook(   # transformers passes pixel_values by name
+                     lambda m, a, kw: shape.append(tuple(kw['pixel_values'].shape)),
+                     with_kwargs=True),
+                 emb.position_embedding.register_forward_pre_hook(
+                     lambda m, a: self._positions.setdefault(shape[-1], a[0].clone()))]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for i, ids in enumerate(self._positions.values()):
+            self.register_buffer(f'_vision_positions_{i}', ids, persistent=False)
+
+    @contextlib.contextmanager
+    def _fixed_positions(self):
+        '''SigLIP's patch embeddings (transformers' SmolVLMVisionEmbeddings: the same
+        operations) with the recorded position ids: transformers derives them from the patch
+        mask with host-synchronising ops (torch.arange of a device count, boolean indexing)
+        that a CUDA graph cannot hold, and for the full mask embed_image always passes they
+        depend on the image shape only.'''
+        emb = self._vision_embeddings()
+        ids = {s: getattr(self, f'_vision_positions_{i}') for i, s in enumerate(self._positions)}
+
+        def forward(pixel_values, patch_attention_mask):
+            patches = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+            return patches + emb.position_embedding(ids[tuple(pixel_values.shape)])
+        emb.forward = forward
+        try:
+            yield
+        finally:
+            del emb.forward
 
 
 class ACTChunkPolicy(LeRobotChunkPolicy):
@@ -258,8 +324,9 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
                                 'temporal_ensemble_coeff to None: the action queue)')
         super().__init__(lerobot_policy, stats, cameras, seed)
 
-    def _compute(self, batch):
-        return self.lerobot.predict_action_chunk(batch)[0]
+    def _chunk(self, batch):
+        chunk = self.lerobot.predict_action_chunk(batch)[0]
+        return {'queue': self._normalised('action', chunk[:self.steps], True)}
 
 
 def _statistics(kind, cfg, key, feature_type, stats):
@@ -281,43 +348,3 @@ def _statistics(kind, cfg, key, feature_type, stats):
                             'with from_pretrained, or pass stats=): its actions would be wrong')
     return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
 
-
-def observation_size(state_dim, cameras, tokens):
-    '''The observation vector's length: the state, each camera's 3 x H x W, and the
-    instruction's token ids and mask.'''
-    return state_dim + sum(c * h * w for c, h, w in cameras.values()) + 2 * tokens
-
-
-def checkpoint_sizes(folder):
-    '''(policy type, obs_dim, act_dim) of a LeRobot checkpoint folder, from its config alone
-    (what the policy node's parameters must say).'''
-    import lerobot.policies  # noqa: F401 - registers the config classes from_pretrained picks
-    from lerobot.configs.policies import PreTrainedConfig
-    config = PreTrainedConfig.from_pretrained(folder)
-    cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
-    tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
-    state_dim = config.input_features[STATE].shape[0]
-    return (config.type, observation_size(state_dim, cameras, tokens),
-            config.output_features['action'].shape[0])
-
-
-def checkpoint_inputs(folder):
-    '''What a LeRobot checkpoint folder's observation holds, for whoever packs it (the
-    vla_inputs node): ({camera key: (3, H, W)} in the config's order, the token count (0: no
-    instruction), tokenize(text) -> (token ids, attention mask) as float32 arrays, or None).
-    tokenize runs the checkpoint's own pre-processor (its tokenizer, SmolVLA's newline, its
-    padding) on the text, so the ids are the ones LeRobot's pipeline gives its model.'''
-    from lerobot.configs.policies import PreTrainedConfig
-    from lerobot.policies.factory import make_pre_post_processors
-    config = PreTrainedConfig.from_pretrained(folder)
-    pre, _ = make_pre_post_processors(config, folder)
-    cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
-    blank = {STATE: torch.zeros(config.input_features[STATE].shape),
-             **{k: torch.zeros(shape) for k, shape in cameras.items()}}
-    tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
-
-    def tokenize(text):
-        out = pre({**blank, 'task': text})
-        return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
-                out[MASK].reshape(-1).to(torch.float32).numpy())
-    return cameras, tokens, tokenize if tokens else None
