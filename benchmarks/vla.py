@@ -1,4 +1,5 @@
-"""A LeRobot SmolVLA on the engine against LeRobot's own select_action, and what a capsule saves.
+"""LeRobot chunk policies (SmolVLA, ACT) on the engine against LeRobot's own select_action, and
+what a capsule saves.
 
     python -m benchmarks.vla --device cpu --out benchmarks/results/<date>-<device>-vla
     python -m benchmarks.vla --smoke --out /tmp/vla_smoke          # the test
@@ -36,54 +37,69 @@ CONFIGS = {'smoke': {'iters': 3, 'warmup': 1}, 'cpu': {'iters': 30, 'warmup': 3}
 def _frames(count, state_dim, cameras, task):
     gen = torch.Generator().manual_seed(0)
     return [{'observation.state': torch.randn(state_dim, generator=gen),
-             **{k: torch.rand(s, generator=gen) for k, s in cameras.items()}, 'task': task}
-            for _ in range(count)]
+             **{k: torch.rand(s, generator=gen) for k, s in cameras.items()},
+             **({'task': task} if task else {})} for _ in range(count)]
 
 
-def run(device, size, cfg, tmp, checks):
+def _models(kind, size, device, tmp):
+    """LeRobot's policy, its pre- and post-processor (the device LeRobot runs on) and the
+    engine's policy, from one demo checkpoint folder."""
     from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
-    from flashrt_ros.runtime.engine import PolicyEngine
-    from flashrt_ros.runtime.policies import gaussian_noise
-    from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy
-    from flashrt_ros.runtime.policies.lerobot_demo import checkpoint, vlm_folder
-    folder = checkpoint(vlm_folder(f'{tmp}/vlm', size), f'{tmp}/checkpoint', size=size)
-    reference = SmolVLAPolicy.from_pretrained(folder).to(device).eval()
+    from flashrt_ros.runtime.policies import ACTChunkPolicy, SmolVLAChunkPolicy
+    from flashrt_ros.runtime.policies import lerobot_demo as demo
+    if kind == 'smolvla':
+        from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy as LeRobot
+        folder = demo.checkpoint(demo.vlm_folder(f'{tmp}/vlm', size), f'{tmp}/checkpoint',
+                                 size=size)
+        ours = SmolVLAChunkPolicy
+    else:
+        from lerobot.policies.act.modeling_act import ACTPolicy as LeRobot
+        folder = demo.act_checkpoint(f'{tmp}/checkpoint', size=size)
+        ours = ACTChunkPolicy
+    reference = LeRobot.from_pretrained(folder).to(device).eval()
     pre, post = make_pre_post_processors(reference.config, folder,
                                          preprocessor_overrides={'device_processor': {
                                              'device': str(device)}})
-    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=5).to(device)
+    return reference, pre, post, ours.from_pretrained(folder, seed=5).to(device)
+
+
+def run(device, kind, size, cfg, tmp, checks):
+    from flashrt_ros.runtime.engine import PolicyEngine
+    from flashrt_ros.runtime.policies import gaussian_noise
+    reference, pre, post, policy = _models(kind, size, device, tmp)
     engine = PolicyEngine(policy, device=device, capsule_dir=f'{tmp}/capsules')
-    steps, cfgl = policy.steps, reference.config
-    noise_n = cfgl.chunk_size * cfgl.max_action_dim
-    frames = _frames(steps, policy.state_dim, policy.cameras, 'pick up the red cube')
+    steps, cfgl, name = policy.steps, reference.config, f'{kind} {size}'
+    frames = _frames(steps, policy.state_dim, policy.cameras,
+                     'pick up the red cube' if policy.tokens else None)
     batches = [pre(dict(f)) for f in frames]
+    language = ('observation.language.tokens', 'observation.language.attention_mask')
     obs = [torch.cat([f['observation.state'], *[f[k].reshape(-1) for k in policy.cameras],
-                      b['observation.language.tokens'].reshape(-1).cpu().float(),
-                      b['observation.language.attention_mask'].reshape(-1).cpu().float()])
+                      *[b[k].reshape(-1).cpu().float() for k in language if policy.tokens]])
            for f, b in zip(frames, batches)]
+    # the noise the engine draws for its first chunk (seed 5, counter 0), on its device
+    noise = {} if kind != 'smolvla' else {'noise': gaussian_noise(
+        torch.tensor([5], device=device), torch.tensor([0], device=device),
+        cfgl.chunk_size * cfgl.max_action_dim).view(1, cfgl.chunk_size, cfgl.max_action_dim)}
     # identity: a whole chunk, engine against LeRobot's pipeline
-    want = []
-    for t, batch in enumerate(batches):
-        noise = gaussian_noise(torch.tensor([5]), torch.tensor([0]), noise_n).view(
-            1, cfgl.chunk_size, cfgl.max_action_dim).to(device)
-        want.append(post(reference.select_action(dict(batch), noise=noise if t == 0 else None))
-                    [0].cpu())
-    got = [engine.step(o.numpy()) for o in obs]
-    check(checks, f'{size}: the engine equals LeRobot\'s pipeline bit for bit ({steps} steps)',
-          all(torch.equal(a, b) for a, b in zip(got, want)))
+    want = [post(reference.select_action(dict(batch), **(noise if t == 0 else {})))[0].cpu()
+            for t, batch in enumerate(batches)]
+    got = [engine.step(o.numpy()).cpu() for o in obs]
+    worst = max(float((a.double() - b.double()).abs().max()) for a, b in zip(got, want))
+    check(checks, f'{name}: the engine equals LeRobot\'s pipeline bit for bit ({steps} steps; '
+          f'max |diff| {worst:.3g})', all(torch.equal(a, b) for a, b in zip(got, want)))
     engine.snapshot('mid')      # after a whole chunk: the next step computes one
     engine.restore('mid')
     engine.step(obs[0].numpy())
     engine.snapshot('mid', overwrite=True)     # one action used: the next step pops
     again = [engine.step(o.numpy()) for o in obs[1:]]
-    engine.restore('mid')
-    check(checks, f'{size}: after a restore, the same actions',
-          torch.equal(torch.stack([engine.step(o.numpy()) for o in obs[1:]]),
-                      torch.stack(again)))
-    noise = gaussian_noise(torch.tensor([5]), torch.tensor([0]), noise_n).view(
-        1, cfgl.chunk_size, cfgl.max_action_dim).to(device)
+    for _ in range(8):
+        engine.restore('mid')
+        same = torch.equal(torch.stack([engine.step(o.numpy()) for o in obs[1:]]),
+                           torch.stack(again))
+        if not same:
+            break
+    check(checks, f'{name}: after a restore, the same actions (8 times)', same)
 
     def sync():
         if device.type == 'cuda':
@@ -91,7 +107,7 @@ def run(device, size, cfg, tmp, checks):
 
     def lerobot_chunk():
         reference.reset()
-        post(reference.select_action(dict(batches[0]), noise=noise))
+        post(reference.select_action(dict(batches[0]), **noise))
         sync()
 
     def lerobot_pop():
@@ -120,7 +136,7 @@ def run(device, size, cfg, tmp, checks):
         lerobot_chunk()
         pops.append(wall(lerobot_pop)[1])
     walls['lerobot_pop'] = stats(pops)
-    return {'size': size, **walls,
+    return {'size': name, **walls,
             'capsule_bytes': int(engine.arena.live_nbytes(0)),
             'params': sum(p.numel() for p in reference.parameters()),
             'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
@@ -131,9 +147,11 @@ def run(device, size, cfg, tmp, checks):
 
 def render(results):
     env, out = results['environment'], []
-    out += [f'# SmolVLA on the engine vs LeRobot: {env["device_name"]} ({env["mode"]})\n',
-            environment_line(env),
-            '- whole call, host wall p50 in us (device synchronised); eager on every device\n',
+    out += [f'# LeRobot policies on the engine vs LeRobot: {env["device_name"]} '
+            f'({env["mode"]})\n', environment_line(env),
+            '- whole call, host wall p50 in us (device synchronised); LeRobot eager; the '
+            'engine\'s chunk one CUDA graph on CUDA, eager on the CPU; float32 (the weights '
+            'LeRobot builds offline)\n',
             '| model | params | LeRobot chunk | engine chunk (ratio) | LeRobot pop | restore + '
             'next action | chunk / (restore + next) | snapshot | capsule bytes |',
             '|' + ' --- |' * 9]
@@ -152,7 +170,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--smoke', action='store_true')
     ap.add_argument('--device', default='cpu')
-    ap.add_argument('--sizes', default='demo', help="comma list of 'demo', 'published'")
+    ap.add_argument('--sizes', default='demo',
+                    help="comma list of 'demo', 'published', 'aloha' (SmolVLA only)")
+    ap.add_argument('--policies', default='smolvla', help="comma list of 'smolvla', 'act'")
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
     ap.add_argument('--iters', type=int, default=0, help='timed iterations (0: the mode\'s)')
@@ -166,12 +186,15 @@ def main(argv=None):
     report.results['command'] = 'python -m benchmarks.vla ' + ' '.join(
         sys.argv[1:] if argv is None else argv)
     report.results['sections'] = {'rows': []}
-    for size in args.sizes.split(','):
-        with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
-            report.results['sections']['rows'].append(
-                run(device, size, cfg, tmp, report.results['checks']))
-        report.write()
-        log(f'  {size} done')
+    for kind in args.policies.split(','):
+        for size in args.sizes.split(','):
+            if kind == 'act' and size == 'aloha':
+                continue
+            with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
+                report.results['sections']['rows'].append(
+                    run(device, kind, size, cfg, tmp, report.results['checks']))
+            report.write()
+            log(f'  {kind} {size} done')
     log(render(report.results))
     return 1 if any(not c['passed'] for c in report.results['checks']) else 0
 

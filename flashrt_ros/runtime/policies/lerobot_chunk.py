@@ -347,4 +347,3 @@ def _statistics(kind, cfg, key, feature_type, stats):
                             f'{"/".join(names)} statistics were given (load the checkpoint '
                             'with from_pretrained, or pass stats=): its actions would be wrong')
     return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
-

@@ -30,6 +30,19 @@ SIZES = {
                           max_action_dim=32, tokenizer_max_length=48),
                       cameras={'observation.images.top': (3, 480, 640)}, dims=(6, 6)),
 }
+# 'aloha': the published sizes with a bimanual robot's inputs, as issue 24 measured LeRobot:
+# three 224 x 224 cameras (resized to 512 x 512 by SmolVLA), 14-dim state and action
+SIZES['aloha'] = dict(SIZES['published'], dims=(14, 14), cameras={
+    f'observation.images.{name}': (3, 224, 224) for name in ('top', 'left_wrist', 'right_wrist')})
+# ACT: 'demo' for the tests; 'published': ACTConfig's defaults (ResNet-18, dim_model 512,
+# chunks of 100), one 480 x 480 camera and 14 dims, for benchmarks
+ACT_SIZES = {
+    'demo': dict(cameras=CAMERAS, dims=(STATE_DIM, ACT_DIM), config=dict(
+        chunk_size=8, n_action_steps=5, dim_model=32, n_heads=2, dim_feedforward=64,
+        n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8)),
+    'published': dict(cameras={'observation.images.top': (3, 480, 480)}, dims=(14, 14),
+                      config=dict(n_action_steps=100)),
+}
 SPECIALS = ['<|endoftext|>', '<fake_token_around_image>', '<global-img>', '<image>',
             '<end_of_utterance>']
 
@@ -86,12 +99,13 @@ def smolvla(vlm_path, seed=0, size='demo', **options):
         return SmolVLAPolicy(config).eval()
 
 
-def statistics(seed=0, size='demo'):
-    '''Dataset statistics (mean/std) for the state and the action, as a LeRobot dataset has.'''
+def statistics(seed=0, size='demo', dims=None):
+    '''Dataset statistics (mean/std) for the state and the action, as a LeRobot dataset has
+    (dims: (state, action), default the size's).'''
     gen = torch.Generator().manual_seed(seed)
     return {key: {'mean': torch.randn(n, generator=gen),
                   'std': torch.rand(n, generator=gen) + 0.5}
-            for key, n in zip(('observation.state', 'action'), SIZES[size]['dims'])}
+            for key, n in zip(('observation.state', 'action'), dims or SIZES[size]['dims'])}
 
 
 def checkpoint(vlm_path, folder, seed=0, size='demo'):
@@ -105,33 +119,35 @@ def checkpoint(vlm_path, folder, seed=0, size='demo'):
     return str(folder)
 
 
-def act(seed=0):
-    '''A lerobot ACTPolicy at small sizes (the ResNet-18 backbone ACT always has, random, no
-    pretrained weights), the demo's cameras and sizes, weights from torch.manual_seed(seed).'''
+def act(seed=0, size='demo'):
+    '''A lerobot ACTPolicy of ACT_SIZES[size] (the ResNet-18 backbone ACT always has, random,
+    no pretrained weights), weights from torch.manual_seed(seed).'''
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.policies.act.modeling_act import ACTPolicy
+    z = ACT_SIZES[size]
+    state, action = z['dims']
     config = ACTConfig(
-        input_features={'observation.state': PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
-                        **{k: PolicyFeature(FeatureType.VISUAL, s) for k, s in CAMERAS.items()}},
-        output_features={'action': PolicyFeature(FeatureType.ACTION, (ACT_DIM,))},
-        chunk_size=8, n_action_steps=5, dim_model=32, n_heads=2, dim_feedforward=64,
-        n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8,
-        pretrained_backbone_weights=None, device='cpu')
+        input_features={'observation.state': PolicyFeature(FeatureType.STATE, (state,)),
+                        **{k: PolicyFeature(FeatureType.VISUAL, s)
+                           for k, s in z['cameras'].items()}},
+        output_features={'action': PolicyFeature(FeatureType.ACTION, (action,))},
+        pretrained_backbone_weights=None, device='cpu', **z['config'])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return ACTPolicy(config).eval()
 
 
-def act_checkpoint(folder, seed=0):
+def act_checkpoint(folder, seed=0, size='demo'):
     '''An ACT checkpoint folder as training writes it, with seeded statistics (the images'
     per channel, as a LeRobot dataset has them).'''
     from lerobot.policies.act.processor_act import make_act_pre_post_processors
-    policy = act(seed)
+    policy = act(seed, size)
     gen = torch.Generator().manual_seed(seed + 1)
-    stats = {**statistics(seed), **{k: {'mean': torch.rand(3, 1, 1, generator=gen),
-                                        'std': torch.rand(3, 1, 1, generator=gen) + 0.1}
-                                    for k in CAMERAS}}
+    stats = {**statistics(seed, dims=ACT_SIZES[size]['dims']),
+             **{k: {'mean': torch.rand(3, 1, 1, generator=gen),
+                    'std': torch.rand(3, 1, 1, generator=gen) + 0.1}
+                for k in ACT_SIZES[size]['cameras']}}
     pre, post = make_act_pre_post_processors(policy.config, stats)
     for part in (policy, pre, post):
         part.save_pretrained(folder)

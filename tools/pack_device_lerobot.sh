@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# LeRobot and what it imports (requirements/vla.txt), for a benchmark device that has Python
+# 3.12, torch and torchvision but no network: cp312 wheels, unpacked, pruned and xz-packed so
+# that they fit the device's 64 MiB carry (.dev_lerobot/lerobot312.tar.xz). On the device:
+#   mkdir -p /tmp/lr && tar -xJf .dev_lerobot/lerobot312.tar.xz -C /tmp/lr
+#   export PYTHONPATH=/tmp/lr:$PYTHONPATH
+# Pruned: pandas' and pyarrow's tests and headers, Arrow Flight and Substrait (never loaded
+# by `import pyarrow`), and PyAV with its codecs (about 100 MB): lerobot.datasets.video_utils
+# imports av and reads av.logging.WARNING, so a placeholder module stands in that raises on
+# any other use (policy inference never decodes video).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+grep -v '^#\|^nvidia\|^cuda-\|^docopt\|^av==' "$here/requirements/vla.txt" > "$work/req.txt"
+printf '%s\n' python-dateutil filelock jinja2 markupsafe six protobuf >> "$work/req.txt"
+while read -r req; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 "$req" -d "$work/wheels"
+done < "$work/req.txt"
+mkdir "$work/site"
+for wheel in "$work"/wheels/*.whl; do
+  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$wheel" "$work/site"
+done
+cd "$work/site"
+rm -rf pandas/tests pyarrow/tests pyarrow/include pyarrow/libarrow_flight.so* pyarrow/_flight* \
+  pyarrow/libarrow_substrait.so* pyarrow/_substrait* pyarrow/libarrow_python.so \
+  pyarrow/libarrow_python.so.*.*.*
+find . -name __pycache__ -prune -exec rm -rf {} +
+find . -name '*.pyi' -delete
+mkdir av
+cat > av/__init__.py <<'PY'
+'''Not PyAV: a placeholder on the benchmark device only (tools/pack_device_lerobot.sh).'''
+import types
+
+logging = types.SimpleNamespace(WARNING=30)
+
+
+def __getattr__(name):
+    raise ImportError(f'av.{name}: PyAV is not installed on this device (placeholder module)')
+PY
+mkdir -p "$here/.dev_lerobot"
+tar -cf - . | xz -T0 -6 > "$here/.dev_lerobot/lerobot312.tar.xz"
+ls -la "$here/.dev_lerobot/lerobot312.tar.xz"
