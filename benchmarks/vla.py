@@ -41,10 +41,12 @@ def _frames(count, state_dim, cameras, task):
              **({'task': task} if task else {})} for _ in range(count)]
 
 
-def _models(kind, size, device, tmp):
+def _models(kind, size, device, tmp, vlm_dtype):
     """LeRobot's policy, its pre- and post-processor (the device LeRobot runs on) and the
-    engine's policy, from one demo checkpoint folder."""
+    engine's policy, from one demo checkpoint folder. vlm_dtype: SmolVLA's VLM cast to it in
+    both (what LeRobot's load_vlm_weights=True does with a published checkpoint: bfloat16)."""
     from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.processor import NormalizerProcessorStep
 
     from flashrt_ros.runtime.policies import ACTChunkPolicy, SmolVLAChunkPolicy
     from flashrt_ros.runtime.policies import lerobot_demo as demo
@@ -57,17 +59,20 @@ def _models(kind, size, device, tmp):
         from lerobot.policies.act.modeling_act import ACTPolicy as LeRobot
         folder = demo.act_checkpoint(f'{tmp}/checkpoint', size=size)
         ours = ACTChunkPolicy
-    reference = LeRobot.from_pretrained(folder).to(device).eval()
+    reference, mine = (LeRobot.from_pretrained(folder).to(device).eval() for _ in range(2))
+    for model in (reference, mine) if kind == 'smolvla' else ():
+        model.model.vlm_with_expert.vlm.to(vlm_dtype)
     pre, post = make_pre_post_processors(reference.config, folder,
                                          preprocessor_overrides={'device_processor': {
                                              'device': str(device)}})
-    return reference, pre, post, ours.from_pretrained(folder, seed=5).to(device)
+    stats = [s.stats for s in pre.steps if isinstance(s, NormalizerProcessorStep)][0]
+    return reference, pre, post, ours(mine, stats=stats, seed=5).to(device)
 
 
-def run(device, kind, size, cfg, tmp, checks):
+def run(device, kind, size, cfg, tmp, checks, vlm_dtype):
     from flashrt_ros.runtime.engine import PolicyEngine
     from flashrt_ros.runtime.policies import gaussian_noise
-    reference, pre, post, policy = _models(kind, size, device, tmp)
+    reference, pre, post, policy = _models(kind, size, device, tmp, vlm_dtype)
     engine = PolicyEngine(policy, device=device, capsule_dir=f'{tmp}/capsules')
     steps, cfgl, name = policy.steps, reference.config, f'{kind} {size}'
     frames = _frames(steps, policy.state_dim, policy.cameras,
@@ -124,7 +129,12 @@ def run(device, kind, size, cfg, tmp, checks):
 
     engine.reset_episode()
     engine.snapshot('start')
+    def engine_graph():         # the chunk's computation alone: the floor of engine_chunk
+        policy._chunk_graph.replay()
+        sync()
+
     walled = {'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
+              'engine_chunk_graph': engine_graph,
               'engine_restore_and_pop': engine_pop,
               'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True)}
     lerobot_chunk()
@@ -150,16 +160,17 @@ def render(results):
     out += [f'# LeRobot policies on the engine vs LeRobot: {env["device_name"]} '
             f'({env["mode"]})\n', environment_line(env),
             '- whole call, host wall p50 in us (device synchronised); LeRobot eager; the '
-            'engine\'s chunk one CUDA graph on CUDA, eager on the CPU; float32 (the weights '
-            'LeRobot builds offline)\n',
-            '| model | params | LeRobot chunk | engine chunk (ratio) | LeRobot pop | restore + '
-            'next action | chunk / (restore + next) | snapshot | capsule bytes |',
-            '|' + ' --- |' * 9]
+            'engine\'s chunk one CUDA graph on CUDA, eager on the CPU; SmolVLA\'s VLM in '
+            f'{env["vlm_dtype"]}, the rest float32\n',
+            '| model | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
+            'LeRobot pop | restore + next action | chunk / (restore + next) | snapshot | '
+            'capsule bytes |', '|' + ' --- |' * 10]
     for r in results['sections'].get('rows', []):
         q = r['ratios']
         out.append(f'| {r["size"]} | {r["params"] / 1e6:.1f} M | '
                    f'{r["lerobot_chunk"]["p50"]:.0f} | {r["engine_chunk"]["p50"]:.0f} '
-                   f'({q["engine_chunk_vs_lerobot"]:.2f}x) | {r["lerobot_pop"]["p50"]:.0f} | '
+                   f'({q["engine_chunk_vs_lerobot"]:.2f}x) | '
+                   f'{r["engine_chunk_graph"]["p50"]:.0f} | {r["lerobot_pop"]["p50"]:.0f} | '
                    f'{r["engine_restore_and_pop"]["p50"]:.0f} | '
                    f'{q["chunk_vs_restore_and_pop"]:.0f}x | {r["engine_snapshot"]["p50"]:.0f} '
                    f'| {r["capsule_bytes"]:,} |')
@@ -173,6 +184,7 @@ def main(argv=None):
     ap.add_argument('--sizes', default='demo',
                     help="comma list of 'demo', 'published', 'aloha' (SmolVLA only)")
     ap.add_argument('--policies', default='smolvla', help="comma list of 'smolvla', 'act'")
+    ap.add_argument('--vlm-dtype', default='float32', choices=('float32', 'bfloat16'))
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
     ap.add_argument('--iters', type=int, default=0, help='timed iterations (0: the mode\'s)')
@@ -180,7 +192,7 @@ def main(argv=None):
     device = resolve_device(args.device)
     mode = 'smoke' if args.smoke else ('gpu' if device.type == 'cuda' else 'cpu')
     cfg = dict(CONFIGS[mode], **({'iters': args.iters} if args.iters else {}))
-    env = environment(device, f'vla-{mode}', args.commit)
+    env = dict(environment(device, f'vla-{mode}', args.commit), vlm_dtype=args.vlm_dtype)
     stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-vla'
     report = Report(results_stem(args.out, stem), env, cfg, render_md=render)
     report.results['command'] = 'python -m benchmarks.vla ' + ' '.join(
@@ -192,7 +204,8 @@ def main(argv=None):
                 continue
             with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
                 report.results['sections']['rows'].append(
-                    run(device, kind, size, cfg, tmp, report.results['checks']))
+                    run(device, kind, size, cfg, tmp, report.results['checks'],
+                        getattr(torch, args.vlm_dtype)))
             report.write()
             log(f'  {kind} {size} done')
     log(render(report.results))

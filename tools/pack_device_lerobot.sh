@@ -4,8 +4,8 @@
 # that they fit the device's 64 MiB carry (.dev_lerobot/lerobot312.tar.xz). On the device:
 #   mkdir -p /tmp/lr && tar -xJf .dev_lerobot/lerobot312.tar.xz -C /tmp/lr
 #   export PYTHONPATH=/tmp/lr:$PYTHONPATH
-# Pruned: pandas' and pyarrow's tests and headers, Arrow Flight and Substrait (never loaded
-# by `import pyarrow`), and PyAV with its codecs (about 100 MB): lerobot.datasets.video_utils
+# Pruned: pandas' and pyarrow's tests and headers, Arrow Flight and S3 (never loaded by
+# `import pyarrow`: pyarrow.fs skips S3 when absent), and PyAV with its codecs (about 100 MB): lerobot.datasets.video_utils
 # imports av and reads av.logging.WARNING, so a placeholder module stands in that raises on
 # any other use (policy inference never decodes video).
 set -euo pipefail
@@ -26,8 +26,8 @@ for wheel in "$work"/wheels/*.whl; do
 done
 cd "$work/site"
 rm -rf pandas/tests pyarrow/tests pyarrow/include pyarrow/libarrow_flight.so* pyarrow/_flight* \
-  pyarrow/libarrow_substrait.so* pyarrow/_substrait* pyarrow/libarrow_python.so \
-  pyarrow/libarrow_python.so.*.*.*
+  pyarrow/libarrow_python_flight.so* pyarrow/libarrow_s3.so* pyarrow/_s3fs* \
+  pyarrow/libarrow_python.so pyarrow/libarrow_python.so.*.*.*
 find . -name __pycache__ -prune -exec rm -rf {} +
 find . -name '*.pyi' -delete
 mkdir av

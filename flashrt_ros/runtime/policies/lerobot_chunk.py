@@ -70,12 +70,12 @@ class LeRobotChunkPolicy(Policy):
         self.state_dim, self.cameras = state_dim, cams
         self.chunk, self.steps = int(cfg.chunk_size), int(cfg.n_action_steps)
         # the statistics are buffers: they move with the model and are in its digest
-        self._modes = {}
+        self._modes, device = {}, next(lerobot_policy.parameters()).device
         for key, ftype in ((STATE, 'STATE'), ('action', 'ACTION'),
                            *((k, 'VISUAL') for k in cams)):
             self._modes[key], found = _statistics(self.kind, cfg, key, ftype, stats)
             for name, value in found.items():
-                self.register_buffer(f'{key.replace(".", "_")}_{name}', value)
+                self.register_buffer(f'{key.replace(".", "_")}_{name}', value.to(device))
         self._chunk_graph = None
 
     @classmethod
