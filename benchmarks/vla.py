@@ -127,11 +127,12 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype):
         engine.restore('mid')
         engine.step(obs[1].numpy())
 
-    engine.reset_episode()
-    engine.snapshot('start')
     def engine_graph():         # the chunk's computation alone: the floor of engine_chunk
         policy._chunk_graph.replay()
         sync()
+
+    engine.reset_episode()
+    engine.snapshot('start')
 
     walled = {'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
               'engine_chunk_graph': engine_graph,
