@@ -21,7 +21,7 @@ from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
 from flashrt_ros.client import spin_in_thread  # noqa: E402
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
-from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy  # noqa: E402
+from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
 from support.common import wait_for  # noqa: E402
 from support.ros_tools import NEEDS_ROS2, ROS2  # noqa: E402
 from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, STATE_DIM, TASKS,  # noqa: E402

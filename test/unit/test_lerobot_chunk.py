@@ -20,7 +20,7 @@ from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy  # noqa: E40
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
-from flashrt_ros.runtime.policies.lerobot_chunk import SmolVLAChunkPolicy  # noqa: E402
+from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
 from support.smolvla import (ACT_DIM, checkpoint, frames, pipeline, smolvla,  # noqa: E402
                              STATE_DIM, statistics, vectors, vlm_folder)
 
@@ -161,6 +161,45 @@ def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path
     for _ in range(8):
         engine.restore('mid')
         assert torch.equal(torch.stack([engine.step(o) for o in obs[STEPS + 2:]]), later)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_act_temporal_ensembling_equals_lerobots_and_a_capsule_replays(tmp_path, device):
+    """ACT with temporal_ensemble_coeff: a chunk every step, each action the weighted average
+    LeRobot's ACTTemporalEnsembler makes of every chunk's prediction for that step: equal to
+    LeRobot's pipeline bit for bit over more steps than a chunk holds (the averages' counts
+    saturate), across a reset; a capsule taken mid-run (the running averages and counts)
+    replays the same actions 8 times."""
+    from lerobot.policies.act.modeling_act import ACTPolicy
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = act_checkpoint(tmp_path / 'act', temporal_ensemble_coeff=0.01, n_action_steps=1)
+    reference = ACTPolicy.from_pretrained(folder).eval().to(device)
+    pre, post = pipeline(folder)
+    engine = PolicyEngine(ACTChunkPolicy.from_pretrained(folder), device=device,
+                          capsule_dir=str(tmp_path / 'capsules'))
+    assert engine.policy.fresh_chunk(engine.policy.views) is None    # no one chunk to publish
+    frames_ = [{k: v for k, v in f.items() if k != 'task'}
+               for f in frames(2 * CHUNK + 3, seed=5)]
+    obs = [np.concatenate([f['observation.state'].numpy(),
+                           *[f[k].numpy().ravel() for k in f if k.startswith('observation.im')]])
+           for f in frames_]
+    got = []
+    for t, (frame, o) in enumerate(zip(frames_, obs)):
+        if t == CHUNK + 1:          # a new episode: both start their averages afresh
+            reference.reset()
+            engine.reset_episode()
+        want = post(reference.select_action(_on(device, pre(dict(frame)))))[0]
+        got.append(engine.step(o))
+        assert torch.equal(got[-1].cpu(), want.cpu()), t
+        if t == CHUNK - 2:
+            engine.snapshot('mid')
+    later = torch.stack(got[CHUNK - 1:CHUNK + 1])       # before the reset
+    for _ in range(8):
+        engine.restore('mid')
+        assert torch.equal(torch.stack([engine.step(o) for o in obs[CHUNK - 1:CHUNK + 1]]),
+                           later)
 
 
 def test_token_ids_that_are_not_the_models_are_refused_before_the_state_moves(

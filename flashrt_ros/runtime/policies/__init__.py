@@ -12,7 +12,8 @@ from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
-from .lerobot_chunk import ACTChunkPolicy, SmolVLAChunkPolicy
+from .lerobot_chunk import ACTChunkPolicy
+from .lerobot_smolvla import SmolVLAChunkPolicy
 from .loaders import from_file, weights
 from .recurrent import RecurrentPolicy
 from .scripted import ScriptedPolicy

@@ -1,6 +1,7 @@
-'''LeRobot's chunk policies on the engine: SmolVLA (cameras, instruction, state -> action
-chunks) and ACT (cameras, state -> action chunks), whose execution state lives in the arena,
-so that a capsule holds all of it.
+'''LeRobot's chunk policies on the engine: what they share (LeRobotChunkPolicy), and ACT
+(cameras, state -> action chunks, or one temporally ensembled action a step); SmolVLA
+(cameras, instruction, state -> action chunks) is in lerobot_smolvla.py. Their execution
+state lives in the arena, so that a capsule holds all of it.
 
 LeRobot's select_action keeps a deque of actions and, when it runs empty, computes a chunk:
 the prefix (images through SigLIP, instruction tokens, state) through the VLM fills a KV cache,
@@ -30,17 +31,15 @@ are kept at capture (graph.HostConstants); SigLIP's patch position ids, which tr
 computes with host-synchronising ops, are recorded from transformers' own computation once
 (SmolVLAChunkPolicy._fixed_positions). On the CPU the same function runs eagerly.
 
-Not yet (issue 24): ACT temporal ensembling and real-time chunking.
+Not yet (issue 24): real-time chunking.
 '''
-
-import contextlib
 
 import torch
 
-from ..errors import InvalidConfig, InvalidObservation
-from ..state import BufferSpec
+from ..errors import InvalidConfig
 from ..graph import StepGraph
-from .base import gaussian_noise, Policy
+from ..state import BufferSpec
+from .base import Policy
 from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
 
 
@@ -148,17 +147,22 @@ class LeRobotChunkPolicy(Policy):
     def _chunk_fn(self):
         self._chunk_out = self._chunk(self._inputs(self._chunk_obs))
 
+    def _replay(self, obs):
+        '''The chunk's computation on obs (and the session's rng counter): its outputs, valid
+        until the next replay.'''
+        if self._chunk_graph is None:
+            self.capture(False)
+        self._chunk_obs.copy_(obs)
+        if 'rng' in self.views:
+            self._chunk_rng.copy_(self.views['rng'])
+        self._chunk_graph.replay()
+        return self._chunk_out
+
     @torch.no_grad()
     def step(self, obs, action):
         v, left = self.views, int(self.views['left'])     # one read of the device
         if left == 0:               # the queue ran empty: the next chunk (host branch)
-            if self._chunk_graph is None:
-                self.capture(False)
-            self._chunk_obs.copy_(obs)
-            if 'rng' in v:
-                self._chunk_rng.copy_(v['rng'])
-            self._chunk_graph.replay()
-            for name, value in self._chunk_out.items():
+            for name, value in self._replay(obs).items():
                 v[name].copy_(value)
             if 'rng' in v:
                 v['rng'][1:2].add_(1)       # the next chunk's noise
@@ -174,159 +178,67 @@ class LeRobotChunkPolicy(Policy):
         return views['queue'].cpu().numpy()
 
 
-class SmolVLAChunkPolicy(LeRobotChunkPolicy):
-    '''A lerobot SmolVLAPolicy: the prefix KV cache of every layer, its pad mask and the
-    noise's rng counter are arena state too.'''
-
-    kind = 'smolvla'
-    computation = ('chunk_size', 'num_steps', 'max_state_dim', 'max_action_dim',
-                   'resize_imgs_with_padding', 'prefix_length', 'attention_mode',
-                   'num_vlm_layers', 'num_expert_layers', 'self_attn_every_n_layers',
-                   'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
-                   'max_period', 'use_cache', 'empty_cameras')
-
-    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
-        cfg = lerobot_policy.config
-        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
-            raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
-                                'supported yet')
-        self.tokens = int(cfg.tokenizer_max_length)
-        super().__init__(lerobot_policy, stats, cameras, seed)
-        self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
-        # the prefix's length and the cache's layout, from one prefix pass on zeros
-        kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)),
-                               record=True)
-        first = kv[0]['key_states']
-        self.layers, self.kv_shape = len(kv), tuple(first.shape)
-        self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
-        self.vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
-            .embed_tokens.num_embeddings
-
-    def state_specs(self):
-        cache = (self.layers, *self.kv_shape)
-        return super().state_specs() + [
-            BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
-            BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
-            BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
-            self._rng_spec()]
-
-    def _prefix(self, batch, record=False):
-        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).
-        record: with transformers' own patch position ids, recorded (the first pass).'''
-        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
-        model = self.lerobot.model
-        images, img_masks = self.lerobot.prepare_images(batch)
-        state = self.lerobot.prepare_state(batch)
-        with self._recorded_positions() if record else self._fixed_positions():
-            embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
-                                                state=state)
-        _, kv = model.vlm_with_expert.forward(
-            attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
-            past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
-            fill_kv_cache=True)
-        return kv, pad
-
-    def check_observation(self, obs):
-        '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
-        tensor, finite) holds token ids the model embeds (integers in [0, vocabulary)) and a
-        mask of 0 and 1: a float there would be truncated to another token without an error.'''
-        obs, vocabulary = torch.as_tensor(obs), self.vocabulary
-        ids, mask = obs[..., -2 * self.tokens:-self.tokens], obs[..., -self.tokens:]
-        if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
-            first = self.obs_dim - 2 * self.tokens
-            raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
-                                     f'{vocabulary}) (observation values {first}..'
-                                     f'{first + self.tokens - 1})')
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the '
-                                     f'last {self.tokens} observation values)')
-
-    def valid_probe(self, obs):
-        '''The engine's determinism probe fills observations with random floats: valid token
-        ids (0) and an attention mask (1) instead, in place.'''
-        obs[..., -2 * self.tokens:-self.tokens] = 0
-        obs[..., -self.tokens:] = 1
-
-    def _chunk(self, batch):
-        model, cfg = self.lerobot.model, self.lerobot.config
-        kv, pad = self._prefix(batch)
-        x = self.noise(self._chunk_rng)
-        dt = -1.0 / cfg.num_steps
-        for k in range(cfg.num_steps):
-            t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
-            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=pad, past_key_values=kv,
-                                            timestep=t)
-        return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True),
-                'prefix_k': torch.stack([kv[i]['key_states'] for i in range(self.layers)]),
-                'prefix_v': torch.stack([kv[i]['value_states'] for i in range(self.layers)]),
-                'prefix_pad': pad}
-
-    def noise(self, rng=None):
-        '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure
-        function of an rng buffer (seed, counter; default the session's: the next chunk's).'''
-        rng = self.views['rng'] if rng is None else rng
-        n = self.noise_shape[1] * self.noise_shape[2]
-        return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
-
-    def _vision_embeddings(self):
-        return self.lerobot.model.vlm_with_expert.get_vlm_model().vision_model.embeddings
-
-    @contextlib.contextmanager
-    def _recorded_positions(self):
-        '''Keep the patch position ids transformers computes for each image shape.'''
-        emb, shape = self._vision_embeddings(), []
-        self._positions = {}
-        hooks = [emb.register_forward_pre_hook(   # transformers passes pixel_values by name
-                     lambda m, a, kw: shape.append(tuple(kw['pixel_values'].shape)),
-                     with_kwargs=True),
-                 emb.position_embedding.register_forward_pre_hook(
-                     lambda m, a: self._positions.setdefault(shape[-1], a[0].clone()))]
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                hook.remove()
-        for i, ids in enumerate(self._positions.values()):
-            self.register_buffer(f'_vision_positions_{i}', ids, persistent=False)
-
-    @contextlib.contextmanager
-    def _fixed_positions(self):
-        '''SigLIP's patch embeddings (transformers' SmolVLMVisionEmbeddings: the same
-        operations) with the recorded position ids: transformers derives them from the patch
-        mask with host-synchronising ops (torch.arange of a device count, boolean indexing)
-        that a CUDA graph cannot hold, and for the full mask embed_image always passes they
-        depend on the image shape only.'''
-        emb = self._vision_embeddings()
-        ids = {s: getattr(self, f'_vision_positions_{i}') for i, s in enumerate(self._positions)}
-
-        def forward(pixel_values, patch_attention_mask):
-            patches = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
-            return patches + emb.position_embedding(ids[tuple(pixel_values.shape)])
-        emb.forward = forward
-        try:
-            yield
-        finally:
-            del emb.forward
-
-
 class ACTChunkPolicy(LeRobotChunkPolicy):
     '''A lerobot ACTPolicy: a chunk per n_action_steps steps, from the transformer (no noise
-    at inference: the latent is zero); the chunk is its whole state.'''
+    at inference: the latent is zero); the chunk is its whole state. With
+    temporal_ensemble_coeff, LeRobot's ACTTemporalEnsembler instead: a chunk every step, each
+    step's action the weighted average of what every chunk so far predicted for it; the
+    running averages ([chunk_size - 1, act_dim], normalised, as LeRobot keeps them) and their
+    counts are the state, and 'left' says whether the episode has begun.'''
 
     kind = 'act'
     computation = ('chunk_size', 'vision_backbone', 'replace_final_stride_with_dilation',
                    'pre_norm', 'dim_model', 'n_heads', 'n_encoder_layers', 'n_decoder_layers',
-                   'use_vae', 'latent_dim', 'feedforward_activation')
+                   'use_vae', 'latent_dim', 'feedforward_activation', 'temporal_ensemble_coeff')
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
-        if lerobot_policy.config.temporal_ensemble_coeff is not None:
-            raise InvalidConfig('act: temporal ensembling is not supported yet (set '
-                                'temporal_ensemble_coeff to None: the action queue)')
         super().__init__(lerobot_policy, stats, cameras, seed)
+        self.coeff = lerobot_policy.config.temporal_ensemble_coeff
+        if self.coeff is not None:
+            # ACTTemporalEnsembler's weights, computed as it computes them (on the CPU)
+            weights = torch.exp(-self.coeff * torch.arange(self.chunk))
+            self.register_buffer('ensemble_weights', weights.to(self.device))
+            self.register_buffer('ensemble_weights_cumsum',
+                                 torch.cumsum(weights, dim=0).to(self.device))
+
+    def state_specs(self):
+        if self.coeff is None:
+            return super().state_specs()
+        return [BufferSpec('ensemble', (self.chunk - 1, self.act_dim), torch.float32, 'chunk'),
+                BufferSpec('ensemble_count', (self.chunk - 1,), torch.int64, 'chunk'),
+                BufferSpec('left', (1,), torch.int64, 'chunk')]
 
     def _chunk(self, batch):
         chunk = self.lerobot.predict_action_chunk(batch)[0]
+        if self.coeff is not None:
+            return {'chunk': chunk}
         return {'queue': self._normalised('action', chunk[:self.steps], True)}
+
+    @torch.no_grad()
+    def step(self, obs, action):
+        if self.coeff is None:
+            return super().step(obs, action)
+        v, chunk = self.views, self._replay(obs)['chunk']
+        ensemble, count = v['ensemble'], v['ensemble_count']
+        if int(v['left']) == 0:         # the episode's first chunk, as it is
+            first = chunk[0]
+            ensemble.copy_(chunk[1:])
+            count.fill_(1)
+            v['left'].fill_(1)
+        else:                           # ACTTemporalEnsembler.update: the same operations
+            n, w, cw = count.view(-1, 1), self.ensemble_weights, self.ensemble_weights_cumsum
+            mixed = (ensemble * cw[n - 1] + chunk[:-1] * w[n]) / cw[n]
+            first = mixed[0]
+            ensemble[:-1].copy_(mixed[1:])
+            ensemble[-1].copy_(chunk[-1])
+            count[:-1].copy_(torch.clamp(n + 1, max=self.chunk)[1:, 0])
+            count[-1:].fill_(1)
+        action.copy_(self._normalised('action', first.view(1, -1), True)[0])
+
+    def fresh_chunk(self, views):
+        '''None with temporal ensembling (each step's action is an average, not one chunk's),
+        else the chunk as LeRobotChunkPolicy gives it.'''
+        return None if self.coeff is not None else super().fresh_chunk(views)
 
 
 def _statistics(kind, cfg, key, feature_type, stats):

@@ -119,9 +119,10 @@ def checkpoint(vlm_path, folder, seed=0, size='demo'):
     return str(folder)
 
 
-def act(seed=0, size='demo'):
+def act(seed=0, size='demo', **options):
     '''A lerobot ACTPolicy of ACT_SIZES[size] (the ResNet-18 backbone ACT always has, random,
-    no pretrained weights), weights from torch.manual_seed(seed).'''
+    no pretrained weights), weights from torch.manual_seed(seed); options override ACTConfig
+    fields (temporal_ensemble_coeff=0.01, n_action_steps=1, ...).'''
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.act.configuration_act import ACTConfig
     from lerobot.policies.act.modeling_act import ACTPolicy
@@ -132,17 +133,17 @@ def act(seed=0, size='demo'):
                         **{k: PolicyFeature(FeatureType.VISUAL, s)
                            for k, s in z['cameras'].items()}},
         output_features={'action': PolicyFeature(FeatureType.ACTION, (action,))},
-        pretrained_backbone_weights=None, device='cpu', **z['config'])
+        pretrained_backbone_weights=None, device='cpu', **{**z['config'], **options})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return ACTPolicy(config).eval()
 
 
-def act_checkpoint(folder, seed=0, size='demo'):
+def act_checkpoint(folder, seed=0, size='demo', **options):
     '''An ACT checkpoint folder as training writes it, with seeded statistics (the images'
     per channel, as a LeRobot dataset has them).'''
     from lerobot.policies.act.processor_act import make_act_pre_post_processors
-    policy = act(seed, size)
+    policy = act(seed, size, **options)
     gen = torch.Generator().manual_seed(seed + 1)
     stats = {**statistics(seed, dims=ACT_SIZES[size]['dims']),
              **{k: {'mean': torch.rand(3, 1, 1, generator=gen),

@@ -1,0 +1,148 @@
+'''LeRobot's SmolVLA on the engine (lerobot_chunk.py says how the chunk policies work): the
+prefix KV cache of every VLM layer, its pad mask and the flow-matching noise's rng counter are
+arena state beside the chunk.'''
+
+import contextlib
+
+import torch
+
+from ..errors import InvalidConfig, InvalidObservation
+from ..state import BufferSpec
+from .base import gaussian_noise
+from .lerobot_checkpoint import MASK, TOKENS
+from .lerobot_chunk import LeRobotChunkPolicy
+
+
+class SmolVLAChunkPolicy(LeRobotChunkPolicy):
+    '''A lerobot SmolVLAPolicy: the prefix KV cache of every layer, its pad mask and the
+    noise's rng counter are arena state too.'''
+
+    kind = 'smolvla'
+    computation = ('chunk_size', 'num_steps', 'max_state_dim', 'max_action_dim',
+                   'resize_imgs_with_padding', 'prefix_length', 'attention_mode',
+                   'num_vlm_layers', 'num_expert_layers', 'self_attn_every_n_layers',
+                   'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
+                   'max_period', 'use_cache', 'empty_cameras')
+
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
+        cfg = lerobot_policy.config
+        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
+            raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
+                                'supported yet')
+        self.tokens = int(cfg.tokenizer_max_length)
+        super().__init__(lerobot_policy, stats, cameras, seed)
+        self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
+        # the prefix's length and the cache's layout, from one prefix pass on zeros
+        kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)),
+                               record=True)
+        first = kv[0]['key_states']
+        self.layers, self.kv_shape = len(kv), tuple(first.shape)
+        self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+        self.vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
+            .embed_tokens.num_embeddings
+
+    def state_specs(self):
+        cache = (self.layers, *self.kv_shape)
+        return super().state_specs() + [
+            BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
+            BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
+            BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
+            self._rng_spec()]
+
+    def _prefix(self, batch, record=False):
+        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).
+        record: with transformers' own patch position ids, recorded (the first pass).'''
+        from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
+        model = self.lerobot.model
+        images, img_masks = self.lerobot.prepare_images(batch)
+        state = self.lerobot.prepare_state(batch)
+        with self._recorded_positions() if record else self._fixed_positions():
+            embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
+                                                state=state)
+        _, kv = model.vlm_with_expert.forward(
+            attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
+            past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
+            fill_kv_cache=True)
+        return kv, pad
+
+    def check_observation(self, obs):
+        '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
+        tensor, finite) holds token ids the model embeds (integers in [0, vocabulary)) and a
+        mask of 0 and 1: a float there would be truncated to another token without an error.'''
+        obs, vocabulary = torch.as_tensor(obs), self.vocabulary
+        ids, mask = obs[..., -2 * self.tokens:-self.tokens], obs[..., -self.tokens:]
+        if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
+            first = self.obs_dim - 2 * self.tokens
+            raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
+                                     f'{vocabulary}) (observation values {first}..'
+                                     f'{first + self.tokens - 1})')
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the '
+                                     f'last {self.tokens} observation values)')
+
+    def valid_probe(self, obs):
+        '''The engine's determinism probe fills observations with random floats: valid token
+        ids (0) and an attention mask (1) instead, in place.'''
+        obs[..., -2 * self.tokens:-self.tokens] = 0
+        obs[..., -self.tokens:] = 1
+
+    def _chunk(self, batch):
+        model, cfg = self.lerobot.model, self.lerobot.config
+        kv, pad = self._prefix(batch)
+        x = self.noise(self._chunk_rng)
+        dt = -1.0 / cfg.num_steps
+        for k in range(cfg.num_steps):
+            t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
+            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=pad, past_key_values=kv,
+                                            timestep=t)
+        return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True),
+                'prefix_k': torch.stack([kv[i]['key_states'] for i in range(self.layers)]),
+                'prefix_v': torch.stack([kv[i]['value_states'] for i in range(self.layers)]),
+                'prefix_pad': pad}
+
+    def noise(self, rng=None):
+        '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure
+        function of an rng buffer (seed, counter; default the session's: the next chunk's).'''
+        rng = self.views['rng'] if rng is None else rng
+        n = self.noise_shape[1] * self.noise_shape[2]
+        return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
+
+    def _vision_embeddings(self):
+        return self.lerobot.model.vlm_with_expert.get_vlm_model().vision_model.embeddings
+
+    @contextlib.contextmanager
+    def _recorded_positions(self):
+        '''Keep the patch position ids transformers computes for each image shape.'''
+        emb, shape = self._vision_embeddings(), []
+        self._positions = {}
+        hooks = [emb.register_forward_pre_hook(   # transformers passes pixel_values by name
+                     lambda m, a, kw: shape.append(tuple(kw['pixel_values'].shape)),
+                     with_kwargs=True),
+                 emb.position_embedding.register_forward_pre_hook(
+                     lambda m, a: self._positions.setdefault(shape[-1], a[0].clone()))]
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for i, ids in enumerate(self._positions.values()):
+            self.register_buffer(f'_vision_positions_{i}', ids, persistent=False)
+
+    @contextlib.contextmanager
+    def _fixed_positions(self):
+        '''SigLIP's patch embeddings (transformers' SmolVLMVisionEmbeddings: the same
+        operations) with the recorded position ids: transformers derives them from the patch
+        mask with host-synchronising ops (torch.arange of a device count, boolean indexing)
+        that a CUDA graph cannot hold, and for the full mask embed_image always passes they
+        depend on the image shape only.'''
+        emb = self._vision_embeddings()
+        ids = {s: getattr(self, f'_vision_positions_{i}') for i, s in enumerate(self._positions)}
+
+        def forward(pixel_values, patch_attention_mask):
+            patches = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+            return patches + emb.position_embedding(ids[tuple(pixel_values.shape)])
+        emb.forward = forward
+        try:
+            yield
+        finally:
+            del emb.forward
