@@ -46,7 +46,7 @@ from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
 class LeRobotChunkPolicy(Policy):
     '''What LeRobot's chunk policies share: the observation vector's layout (state, cameras,
     and for a language policy the instruction's tokens), normalisation with the checkpoint's
-    statistics, and the chunk in the arena (`queue`, `left`), refilled by _compute() when it
+    statistics, and the chunk in the arena (`queue`, `left`), refilled by _chunk() when it
     runs empty. cameras: {feature key: (3, H, W)} of the images the node will give (default:
     the config's image features, at their configured shapes).'''
 
@@ -148,14 +148,17 @@ class LeRobotChunkPolicy(Policy):
         self._chunk_out = self._chunk(self._inputs(self._chunk_obs))
 
     def _replay(self, obs):
-        '''The chunk's computation on obs (and the session's rng counter): its outputs, valid
-        until the next replay.'''
+        '''The chunk's computation on obs (and the session's rng counter, which it then
+        advances: the next chunk's noise): its outputs, valid until the next replay.'''
         if self._chunk_graph is None:
             self.capture(False)
         self._chunk_obs.copy_(obs)
-        if 'rng' in self.views:
-            self._chunk_rng.copy_(self.views['rng'])
+        rng = self.views.get('rng')
+        if rng is not None:
+            self._chunk_rng.copy_(rng)
         self._chunk_graph.replay()
+        if rng is not None:
+            rng[1:2].add_(1)
         return self._chunk_out
 
     @torch.no_grad()
@@ -164,8 +167,6 @@ class LeRobotChunkPolicy(Policy):
         if left == 0:               # the queue ran empty: the next chunk (host branch)
             for name, value in self._replay(obs).items():
                 v[name].copy_(value)
-            if 'rng' in v:
-                v['rng'][1:2].add_(1)       # the next chunk's noise
             left = self.steps
         action.copy_(v['queue'][self.steps - left])
         v['left'].fill_(left - 1)

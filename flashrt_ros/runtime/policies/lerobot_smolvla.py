@@ -113,19 +113,19 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
     @contextlib.contextmanager
     def _recorded_positions(self):
         '''Keep the patch position ids transformers computes for each image shape.'''
-        emb, shape = self._vision_embeddings(), []
-        self._positions = {}
+        emb, shape, found = self._vision_embeddings(), [], {}
         hooks = [emb.register_forward_pre_hook(   # transformers passes pixel_values by name
                      lambda m, a, kw: shape.append(tuple(kw['pixel_values'].shape)),
                      with_kwargs=True),
                  emb.position_embedding.register_forward_pre_hook(
-                     lambda m, a: self._positions.setdefault(shape[-1], a[0].clone()))]
+                     lambda m, a: found.setdefault(shape[-1], a[0].clone()))]
         try:
             yield
         finally:
             for hook in hooks:
                 hook.remove()
-        for i, ids in enumerate(self._positions.values()):
+        self._position_shapes = list(found)     # the ids: buffers, to move with the model
+        for i, ids in enumerate(found.values()):
             self.register_buffer(f'_vision_positions_{i}', ids, persistent=False)
 
     @contextlib.contextmanager
@@ -136,7 +136,8 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         that a CUDA graph cannot hold, and for the full mask embed_image always passes they
         depend on the image shape only.'''
         emb = self._vision_embeddings()
-        ids = {s: getattr(self, f'_vision_positions_{i}') for i, s in enumerate(self._positions)}
+        ids = {s: getattr(self, f'_vision_positions_{i}')
+               for i, s in enumerate(self._position_shapes)}
 
         def forward(pixel_values, patch_attention_mask):
             patches = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
