@@ -32,6 +32,48 @@ def p50_us(fn, k=200):
     return round(sorted(times)[k // 2] * 1e6, 1)
 
 
+def stages(e, obs, k=200):
+    """p50 per tick of each part of step_all (its callees wrapped with a timer) and of the
+    whole call; 'rest' is the call less its timed parts (the lines of step_all itself)."""
+    import flashrt_ros.runtime.engine as engine_module
+    spent, wrapped = {}, []
+
+    def timed(owner, attr, label):
+        fn = getattr(owner, attr)
+
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+        setattr(owner, attr, wrapper)
+        wrapped.append((owner, attr, fn))
+    timed(engine_module, 'tick_control', 'tick_control')
+    timed(e, '_observations', 'validate')
+    timed(e.program, 'stage_control', 'stage_control')
+    timed(e.program, 'issue', 'issue')
+    timed(e.program.transfer, 'sync', 'sync (in issue window)')
+    timed(e._sessions, 'stepped', 'stepped')
+    rows = {}
+    for i in range(k + 10):
+        spent.clear()
+        t0 = time.perf_counter()
+        e.step_all(obs)
+        total = time.perf_counter() - t0
+        if i >= 10:
+            parts = dict(spent, total=total)
+            parts['rest'] = total - sum(v for n, v in spent.items() if not n.startswith('sync'))
+            for n, v in parts.items():
+                rows.setdefault(n, []).append(v)
+    for owner, attr, fn in wrapped:
+        if owner is engine_module:
+            setattr(owner, attr, fn)
+        else:
+            delattr(owner, attr)
+    return {n: round(sorted(v)[len(v) // 2] * 1e6, 1) for n, v in rows.items()}
+
+
 def engine(kernels, batched):
     policy = make_policy('recurrent', 47, 12, seed=0, **LSTM).set_kernels(kernels)
     return PolicyEngine(policy, device='cuda', sessions=N, batch_sessions=batched,
@@ -53,10 +95,21 @@ def main():
         def issue():
             program.issue(0, 0)
             sync()
+
+        def write_issue():      # the observations freshly written into pinned memory
+            program.obs_np[:] = obs
+            issue()
+
+        def issue_read():       # the actions read by the host right after their copy
+            issue()
+            program.act_np.copy()
+
         print(name, {'replay': p50_us(replay), 'issue': p50_us(issue),
+                     'write + issue': p50_us(write_issue), 'issue + read': p50_us(issue_read),
                      'step_all': p50_us(lambda: e.step_all(obs)),
                      'step_all_resident': p50_us(lambda: e.step_all(resident)),
                      'as_observations': p50_us(lambda: e._observations(obs, rows=N))})
+        print(name, 'step_all parts (p50 us)', stages(e, obs))
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(20):
                 replay()

@@ -68,9 +68,8 @@ class PolicyEngine:
         of each step compared at construction (0: none; see `determinism`). clock: seconds
         now, the capsules' `created` (a node passes its ROS clock: sim time under
         use_sim_time)."""
-        self.device = torch.device(device)
+        self.device, self.debug = torch.device(device), debug
         self.policy = policy.to(self.device)
-        self.debug = debug
         specs = list(policy.state_specs())
         if any(s.name == 'meta' or s.kind == 'meta' for s in specs):
             raise InvalidConfig('policies must not declare meta buffers; the engine adds them')
@@ -142,11 +141,15 @@ class PolicyEngine:
 
     # -- the step ------------------------------------------------------------------------------
 
-    def _observations(self, obs, rows=None, on_device=False):
-        """step.as_observations (as_device_observations) here; a refusal is counted."""
+    def _observations(self, obs, rows=None, on_device=False, stage=False):
+        """step.as_observations (as_device_observations) here; a refusal is counted. stage: a
+        fleet's host observations, checked while on their way to the device (program.stage)."""
         try:
-            obs = (as_device_observations if on_device else as_observations)(
-                obs, self.obs_dim, rows)
+            if on_device:
+                obs = as_device_observations(obs, self.obs_dim, rows)
+            else:
+                obs = as_observations(obs, self.obs_dim, rows, finite=not stage)
+                obs = self.program.stage(obs) if stage else obs
             getattr(self.policy, 'check_observation', id)(obs)   # inputs that are not floats
             return obs
         except InvalidObservation:
@@ -166,9 +169,10 @@ class PolicyEngine:
         with self._lock:
             s = self._sessions.find(session)
             self.program.obs_np[s.index] = self._observations(obs)
-            out = self._step_locked(s, (tag or 0,))[s.index]
-            self.last_step_finite = self.last_finite[s.index] = bool(out[self.act_dim] == 1.0)
-            return torch.from_numpy(out[:self.act_dim].copy())
+            self._step_locked(s, (tag or 0,))
+            finite = self.last_finite[s.index] = self.program.finite_np[s.index] == 1.0
+            self.last_step_finite = bool(finite)
+            return torch.from_numpy(self.program.act_np[s.index].copy())
 
     def step_all(self, obs, active=None, tags=None):
         """One tick for the fleet: obs [sessions, obs_dim] -> actions (CPU float32 [sessions,
@@ -176,30 +180,27 @@ class PolicyEngine:
         (a GPU-resident farm) is validated and staged there, and the actions come back there.
 
         active: bools [sessions] (default all): sessions left out keep their state bit for
-        bit (their rows of obs are ignored but must be finite; their actions are
-        meaningless). tags: per session an int in [1, 2**63) or None (see step()).
-        last_finite holds each session's finite flag afterwards.
+        bit (their rows of obs are ignored but must be finite; their actions are meaningless).
+        tags: per session an int in [1, 2**63) or None (see step()). last_finite holds each
+        session's finite flag afterwards.
         """
         mask, tags = tick_control(self.sessions, active, tags)
-        on_device = torch.is_tensor(obs) and obs.device == self.program.obs_buf.device
+        program = self.program
+        on_device = torch.is_tensor(obs) and obs.device == program.obs_buf.device
         with self._lock:
-            staged = self._observations(obs, self.sessions, on_device)
-            if not on_device:
-                self.program.obs_np[:] = staged
-            # every session (the usual tick): a slice, so the host work is plain array ops
-            which = slice(None) if mask.all() else np.flatnonzero(mask)
-            out = self._step_locked(which, tags[which], staged if on_device else None)
-            self.last_finite = finite = out[:, self.act_dim] == 1.0
+            staged = self._observations(obs, self.sessions, on_device, stage=not on_device)
+            which = slice(None) if mask.all() else np.flatnonzero(mask)   # all: a plain slice
+            self._step_locked(which, tags[which], staged if on_device else None, not on_device)
+            self.last_finite = finite = program.finite_np == 1.0
             self.last_step_finite = bool(finite[which].all())
-            act = self.program.act_buf if on_device else torch.from_numpy(out[:, :self.act_dim])
-            return act.clone(memory_format=torch.contiguous_format)
+            act = program.act_buf if on_device else torch.from_numpy(program.act_np)
+            return act.clone()      # the buffers are the next tick's
 
-    def _step_locked(self, which, tags, device_obs=None):
+    def _step_locked(self, which, tags, device_obs=None, copied_in=False):
         """Steps the sessions `which` (an index array, a slice, or one Session), whose obs rows
-        are staged (or in device_obs), with their tags (0: none), in one replay; returns the
-        host output
-        [sessions, act_dim + 1] (actions, each session's finite flag), valid until the next
-        step. Host work: scalar updates for one session, a few numpy operations for a fleet."""
+        are staged (or in device_obs, or copied_in), with their tags (0: none), in one replay,
+        into program.act_np and finite_np (valid until the next step). Host work: scalars for
+        one session, a few numpy operations for a fleet (its counters while the device runs)."""
         which = self._sessions[0] if self.sessions == 1 else which    # plain counters
         one = isinstance(which, Session)
         counters, program, capacity = self._sessions.counters, self.program, self.arena.capacity
@@ -216,11 +217,10 @@ class PolicyEngine:
                                    'the episode, restore or roll back')
         program.stage_control(slice(which.index, which.index + 1) if one else which, tags)
         with self._timer as timer:      # its exit synchronises the device, once
-            program.issue(top, tags[0], device_obs)
+            program.issue(top, tags[0], device_obs, copied_in)
+            self._sessions.stepped(which, advance, self.ring.depth)
         self._latencies.append(timer.us)
-        self._sessions.stepped(which, advance, self.ring.depth)
         self._check()
-        return program.out_np
 
     def input_tag(self, session=None):
         """The tag of the input the live state's latest step consumed (step(tag=)); 0 when

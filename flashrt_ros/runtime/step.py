@@ -8,9 +8,10 @@ counters advance, the finite flag is computed, and sessions left out of the tick
 pre-step static block back.
 
 Inputs and outputs are static buffers outside the state, so no capsule holds them: obs
-[sessions, obs_dim], out [sessions, act_dim + 1] (the action, then the step's finite flag:
-one device->host copy and one synchronisation bring back both) and control [sessions, 2]
-(active, tag; tag 0 leaves meta's tag as is). On CUDA each has a pinned host twin, so the
+[sessions, obs_dim], out (the actions [sessions, act_dim], then each session's finite flag
+[sessions]: one device->host copy and one synchronisation bring back both, and each part is
+contiguous on the host, where a fleet's tick reads it) and control [sessions, 2] (active,
+tag; tag 0 leaves meta's tag as is). On CUDA each has a pinned host twin, so the
 transfers are plain async DMA on the step's stream instead of pageable copies that stall the
 host.
 """
@@ -30,9 +31,10 @@ from .graph import probe_determinism, StepGraph
 from .state import META_EPISODE, META_POSITION, META_STEP, META_TAG
 
 
-def as_observations(obs, obs_dim, rows=None):
+def as_observations(obs, obs_dim, rows=None, finite=True):
     """obs as a float32 ndarray [obs_dim] (or [rows, obs_dim]), validated on the host before
-    anything on the device is touched (InvalidObservation).
+    anything of the state is touched (InvalidObservation). finite=False leaves out the check
+    for NaN / Inf (check_finite), for a caller that runs it while the copy is in flight.
 
     numpy, not torch, on this per-step path: its small-array calls cost about a microsecond
     where a torch CPU op costs several.
@@ -47,6 +49,11 @@ def as_observations(obs, obs_dim, rows=None):
     if a.shape != want:
         raise InvalidObservation(
             f'observation has shape {a.shape}, expected {want} (obs_dim {obs_dim})')
+    return check_finite(a) if finite else a
+
+
+def check_finite(a):
+    """a (an ndarray), or InvalidObservation naming its first NaN / Inf."""
     if not np.isfinite(a).all():
         idx = np.argwhere(~np.isfinite(a))[0].tolist()
         raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
@@ -126,15 +133,15 @@ class StepProgram:
         self._meta = arena['meta']                                  # session 0's counters
         self.meta_all = arena.batched['meta']                       # int64 [sessions, 4]
         self.obs_buf = torch.zeros(n, self.obs_dim, dtype=torch.float32, device=dev)
-        self.out_buf = torch.zeros(n, self.act_dim + 1, dtype=torch.float32, device=dev)
-        self.act_buf = self.out_buf[:, :self.act_dim]
-        self._finite_flag = self.out_buf[:, self.act_dim]
+        self.out_buf = torch.zeros(n * (self.act_dim + 1), dtype=torch.float32, device=dev)
+        self.act_buf, self._finite_flag = self._out_parts(self.out_buf)
         self._ctl_buf = torch.zeros(n, 2, dtype=torch.int64, device=dev)
         pin = dev.type == 'cuda'
         self._obs_host = torch.zeros(n, self.obs_dim, dtype=torch.float32, pin_memory=pin)
-        self._out_host = torch.zeros(n, self.act_dim + 1, dtype=torch.float32, pin_memory=pin)
+        self._out_host = torch.zeros(self.out_buf.numel(), dtype=torch.float32, pin_memory=pin)
         self._ctl_host = torch.zeros(n, 2, dtype=torch.int64, pin_memory=pin)
-        self.obs_np, self.out_np = self._obs_host.numpy(), self._out_host.numpy()
+        self.obs_np = self._obs_host.numpy()
+        self.act_np, self.finite_np = (t.numpy() for t in self._out_parts(self._out_host))
         self._ctl_np = self._ctl_host.numpy()
         self.feedback = None if last_action is None else self._make_feedback(*last_action)
         # What the finite flag covers, per session: the action and the static float buffers
@@ -150,6 +157,11 @@ class StepProgram:
         for index in range(n):
             self.initial_state(index, episode=0)
         self._capture(cuda_graph, debug)
+
+    def _out_parts(self, out):
+        """The actions [sessions, act_dim] and the finite flags [sessions] of an out buffer."""
+        split = self.sessions * self.act_dim
+        return out[:split].view(self.sessions, self.act_dim), out[split:]
 
     def _make_feedback(self, start, size, scale, offset, clip):
         if size != self.act_dim or not 0 <= start <= self.obs_dim - size:
@@ -277,22 +289,39 @@ class StepProgram:
         elif tags[0]:
             ctl[0, 1] = tags[0]
 
-    def issue(self, position, tagged, device_obs=None):
-        """Device side of a tick, asynchronous until the caller's sync: staged obs (from
-        obs_np, or device_obs: a validated tensor on the device, copied there), control in,
-        the step for `position`, the tag of a single session (tagged), the output back into
-        out_np."""
-        copy, n = self.transfer.copy, self.sessions
+    def copy_in(self, device_obs=None):
+        """The observations into the step's buffer, asynchronous: those staged in obs_np, or
+        device_obs (a validated tensor on the device). No state is touched."""
         if device_obs is None:
-            copy(self.obs_buf, self._obs_host, 4 * n * self.obs_dim)
+            self.transfer.copy(self.obs_buf, self._obs_host, 4 * self.obs_np.size)
         else:
             self.obs_buf.copy_(device_obs)
+
+    def stage(self, obs):
+        """A fleet's host observations (shape-checked, as_observations(finite=False)) into
+        obs_np and on to the device, checked for NaN / Inf while that copy is in flight: no
+        state is touched before the replay. A refusal waits for the copy (obs_np is free)."""
+        np.copyto(self.obs_np, obs)
+        self.copy_in()
+        try:
+            return check_finite(obs)
+        except InvalidObservation:
+            self.transfer.sync()
+            raise
+
+    def issue(self, position, tagged, device_obs=None, copied_in=False):
+        """Device side of a tick, asynchronous until the caller's sync: the observations in
+        (copy_in, unless copied_in), control in, the step for `position`, the tag of a single
+        session (tagged), the output back into act_np and finite_np."""
+        copy, n = self.transfer.copy, self.sessions
+        if not copied_in:
+            self.copy_in(device_obs)
         if n > 1:
             copy(self._ctl_buf, self._ctl_host, 16 * n)
         self.graph_for(position).replay()
         if n == 1 and tagged:       # after the replay: the ring holds the previous tag
             copy(self._meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
-        copy(self._out_host, self.out_buf, 4 * n * (self.act_dim + 1))
+        copy(self._out_host, self.out_buf, 4 * self.out_buf.numel())
 
     # -- determinism ---------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ CUDA: one Triton matmul per layer, its tile sizes fixed by the layer's shape, ne
 count, with the activation fused into it, and one Triton kernel per LSTM layer (the four gates,
 their activations and the new h and c); each row's dot products run in one fixed order, and
 pointwise torch kernels apply one function per element. CPU: a batched matrix product of 1-row
-matrices (one small GEMM per row, the same for every batch size; one row runs as a batch of
-two, as ATen takes a batch of one for a plain product) and the pointwise functions over a
+matrices (one small GEMM per row, the same for every batch size: each row's input and output
+64-byte aligned as a row alone is; one row runs as a batch of two, as ATen takes a batch of one
+for a plain product) and the pointwise functions over a
 strided view, which makes ATen take its scalar loop for every element (its vector loop handles
 the tail of a tensor, and each thread's chunk, with other math: measured here, ELU's differ in
 the last bit). verify() checks a policy's rows against rows run alone on the machine at hand;
@@ -70,20 +71,31 @@ def _fused_code(activation):
 
 def linear(x, layer, activation=None):
     '''activation(layer(x)) for x [rows, in], each row independent of the others.'''
-    x = x.contiguous()
     if x.is_cuda:
+        x = x.contiguous()
         code = _fused_code(activation)
         y = _triton_linear(x, layer.weight, layer.bias, 0 if code is None else code)
         return y if code is not None else pointwise(activation, y)
     rows, weight = x.shape[0], layer.weight
-    bias = layer.bias if layer.bias is not None else weight.new_zeros(weight.shape[0])
-    if rows == 1:   # ATen runs a batch of one matrix as a plain product (other rounding)
-        x = x.expand(2, -1)
-    batch = max(rows, 2)
-    y = torch.baddbmm(bias.view(1, 1, -1).expand(batch, 1, -1), x.unsqueeze(1),
-                      weight.t().unsqueeze(0).expand(batch, -1, -1)).squeeze(1)[:rows]
+    (n, k), batch = weight.shape, max(rows, 2)  # ATen runs a batch of one as a plain product
+    bias = layer.bias if layer.bias is not None else weight.new_zeros(n)
+    # Every row's input and output start on a 64-byte boundary, as a row alone does: MKL's
+    # AVX-512 kernels treat a vector's tail by its alignment (measured: a 250 -> 130 layer's
+    # last column differed in the last bit for odd rows of a packed batch)
+    padded = x.new_zeros(batch, _aligned(k))
+    padded[:rows, :k] = x
+    padded[rows:, :k] = x[0]
+    y = x.new_empty(batch, 1, _aligned(n))[:, :, :n]
+    torch.baddbmm(bias.view(1, 1, -1).expand(batch, 1, -1), padded[:, :k].unsqueeze(1),
+                  weight.t().unsqueeze(0).expand(batch, -1, -1), out=y)
+    y = y.squeeze(1)[:rows]
     return y if activation is None or isinstance(activation, nn.Identity) \
         else pointwise(activation, y)
+
+
+def _aligned(columns):
+    """columns rounded up to a multiple of 16 float32s (64 bytes)."""
+    return -(-columns // 16) * 16
 
 
 def sequential(layers, x):
