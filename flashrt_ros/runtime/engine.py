@@ -184,13 +184,12 @@ class PolicyEngine:
         tags: per session an int in [1, 2**63) or None (see step()). last_finite holds each
         session's finite flag afterwards.
         """
-        mask, tags = tick_control(self.sessions, active, tags)
+        which, tags = tick_control(self.sessions, active, tags)
         program = self.program
         on_device = torch.is_tensor(obs) and obs.device == program.obs_buf.device
         with self._lock:
             staged = self._observations(obs, self.sessions, on_device, stage=not on_device)
-            which = slice(None) if mask.all() else np.flatnonzero(mask)   # all: a plain slice
-            self._step_locked(which, tags[which], staged if on_device else None, not on_device)
+            self._step_locked(which, tags, staged if on_device else None, not on_device)
             self.last_finite = finite = program.finite_np == 1.0
             self.last_step_finite = bool(finite[which].all())
             act = program.act_buf if on_device else torch.from_numpy(program.act_np)
@@ -198,9 +197,10 @@ class PolicyEngine:
 
     def _step_locked(self, which, tags, device_obs=None, copied_in=False):
         """Steps the sessions `which` (an index array, a slice, or one Session), whose obs rows
-        are staged (or in device_obs, or copied_in), with their tags (0: none), in one replay,
-        into program.act_np and finite_np (valid until the next step). Host work: scalars for
-        one session, a few numpy operations for a fleet (its counters while the device runs)."""
+        are staged (or in device_obs, or copied_in), with their tags (0 or None: none), in one
+        replay, into program.act_np and finite_np (valid until the next step). Host work:
+        scalars for one session, numpy operations for a fleet (its counters while the device
+        runs)."""
         which = self._sessions[0] if self.sessions == 1 else which    # plain counters
         one = isinstance(which, Session)
         counters, program, capacity = self._sessions.counters, self.program, self.arena.capacity
@@ -217,7 +217,7 @@ class PolicyEngine:
                                    'the episode, restore or roll back')
         program.stage_control(slice(which.index, which.index + 1) if one else which, tags)
         with self._timer as timer:      # its exit synchronises the device, once
-            program.issue(top, tags[0], device_obs, copied_in)
+            program.issue(top, 0 if tags is None else tags[0], device_obs, copied_in)
             self._sessions.stepped(which, advance, self.ring.depth)
         self._latencies.append(timer.us)
         self._check()

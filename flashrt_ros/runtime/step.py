@@ -85,15 +85,19 @@ def as_tag(tag):
 
 
 def tick_control(sessions, active, tags):
-    """step_all's active flags and tags as arrays [sessions] (bool, int64; None: every session
-    steps, untagged); InvalidObservation when either is malformed."""
-    tags = np.zeros(sessions, dtype=np.int64) if tags is None else \
-        np.array([as_tag(t) for t in tags], dtype=np.int64)
-    mask = np.ones(sessions, dtype=bool) if active is None else np.asarray(active, dtype=bool)
-    if tags.shape != (sessions,) or mask.shape != (sessions,):
-        raise InvalidObservation(f'step_all needs {sessions} tags and {sessions} active '
-                                 f'flags, got {tags.shape[0]} and {mask.shape}')
-    return mask, tags
+    """step_all's active flags and tags as (which: the sessions that step, a slice of all or
+    an index array; their tags: int64, or None when untagged); InvalidObservation when either
+    is malformed. The usual tick (every session, untagged) builds no array."""
+    if tags is not None:
+        tags = np.array([as_tag(t) for t in tags], dtype=np.int64)
+    mask = None if active is None else np.asarray(active, dtype=bool)
+    if (tags is not None and tags.shape != (sessions,)) or (
+            mask is not None and mask.shape != (sessions,)):
+        raise InvalidObservation(f'step_all needs {sessions} tags and {sessions} active flags, '
+                                 f'got {None if tags is None else tags.shape[0]} and '
+                                 f'{None if mask is None else mask.shape}')
+    which = slice(None) if mask is None or mask.all() else np.flatnonzero(mask)
+    return which, None if tags is None else tags[which]
 
 
 class Feedback(NamedTuple):
@@ -143,6 +147,7 @@ class StepProgram:
         self.obs_np = self._obs_host.numpy()
         self.act_np, self.finite_np = (t.numpy() for t in self._out_parts(self._out_host))
         self._ctl_np = self._ctl_host.numpy()
+        self._ctl_usual = self._ctl_staged = False  # stage_control: the device's control
         self.feedback = None if last_action is None else self._make_feedback(*last_action)
         # What the finite flag covers, per session: the action and the static float buffers
         # (the history's append rows are checked when a checkpoint is taken or chosen:
@@ -279,14 +284,21 @@ class StepProgram:
 
     def stage_control(self, which, tags):
         """Host side of a tick, before it is issued: which sessions (an index array, or a
-        slice) step with which tags (0: none), whose obs rows are staged in obs_np."""
+        slice) step with which tags (an int64 array, 0: none; None: untagged), whose obs rows
+        are staged in obs_np. A fleet's usual tick (every session, untagged) again after
+        another stages and copies nothing: the device holds that control already."""
         ctl = self._ctl_np
         if self.sessions > 1:
-            if not isinstance(which, slice) or which != slice(None):
+            every = isinstance(which, slice) and which == slice(None)
+            usual = every and tags is None
+            if usual and self._ctl_usual:
+                return
+            if not every:
                 ctl[:] = 0
             ctl[which, 0] = 1
-            ctl[which, 1] = tags
-        elif tags[0]:
+            ctl[which, 1] = 0 if tags is None else tags
+            self._ctl_usual, self._ctl_staged = usual, True
+        elif tags is not None and tags[0]:
             ctl[0, 1] = tags[0]
 
     def copy_in(self, device_obs=None):
@@ -316,8 +328,9 @@ class StepProgram:
         copy, n = self.transfer.copy, self.sessions
         if not copied_in:
             self.copy_in(device_obs)
-        if n > 1:
+        if n > 1 and self._ctl_staged:
             copy(self._ctl_buf, self._ctl_host, 16 * n)
+            self._ctl_staged = False
         self.graph_for(position).replay()
         if n == 1 and tagged:       # after the replay: the ring holds the previous tag
             copy(self._meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
