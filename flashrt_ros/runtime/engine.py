@@ -40,8 +40,8 @@ from .policies.invariant import verify
 from .ring import RollbackRing
 from .sessions import Session, Sessions
 from .state import BufferSpec, META_TAG, StateArena
-from .step import as_device_observations, as_observations, as_tag, StepProgram, \
-    tick_control
+from .inputs import as_device_observations, as_observations, as_tag, tick_control
+from .step import StepProgram
 from .transfer import Timer, Transfer
 
 __all__ = ['EPISODE_START', 'PolicyEngine']     # EPISODE_START: the node imports it from here
@@ -142,7 +142,7 @@ class PolicyEngine:
     # -- the step ------------------------------------------------------------------------------
 
     def _observations(self, obs, rows=None, on_device=False, stage=False):
-        """step.as_observations (as_device_observations) here; a refusal is counted. stage: a
+        """inputs.as_observations (as_device_observations) here; a refusal is counted. stage: a
         fleet's host observations, checked while on their way to the device (program.stage)."""
         try:
             if on_device:
@@ -192,8 +192,7 @@ class PolicyEngine:
             self._step_locked(which, tags, staged if on_device else None, not on_device)
             self.last_finite = finite = program.finite_np == 1.0
             self.last_step_finite = bool(finite[which].all())
-            act = program.act_buf if on_device else torch.from_numpy(program.act_np)
-            return act.clone()      # the buffers are the next tick's
+            return program.actions(on_device)
 
     def _step_locked(self, which, tags, device_obs=None, copied_in=False):
         """Steps the sessions `which` (an index array, a slice, or one Session), whose obs rows

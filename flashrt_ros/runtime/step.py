@@ -28,76 +28,8 @@ import torch
 from .enums import Growth
 from .errors import InvalidConfig, InvalidObservation
 from .graph import probe_determinism, StepGraph
+from .inputs import check_finite
 from .state import META_EPISODE, META_POSITION, META_STEP, META_TAG
-
-
-def as_observations(obs, obs_dim, rows=None, finite=True):
-    """obs as a float32 ndarray [obs_dim] (or [rows, obs_dim]), validated on the host before
-    anything of the state is touched (InvalidObservation). finite=False leaves out the check
-    for NaN / Inf (check_finite), for a caller that runs it while the copy is in flight.
-
-    numpy, not torch, on this per-step path: its small-array calls cost about a microsecond
-    where a torch CPU op costs several.
-    """
-    try:
-        if torch.is_tensor(obs):
-            obs = obs.detach().cpu()
-        a = np.asarray(obs, dtype=np.float32)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise InvalidObservation(f'observation is not numeric: {e}') from e
-    want = (obs_dim,) if rows is None else (rows, obs_dim)
-    if a.shape != want:
-        raise InvalidObservation(
-            f'observation has shape {a.shape}, expected {want} (obs_dim {obs_dim})')
-    return check_finite(a) if finite else a
-
-
-def check_finite(a):
-    """a (an ndarray), or InvalidObservation naming its first NaN / Inf."""
-    if not np.isfinite(a).all():
-        idx = np.argwhere(~np.isfinite(a))[0].tolist()
-        raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
-    return a
-
-
-def as_device_observations(obs, obs_dim, rows):
-    """obs, a tensor already on the engine's device (a GPU-resident farm's observations),
-    as float32 [rows, obs_dim], validated there before anything of the state is touched:
-    one reduction and one wait, instead of a copy through the host."""
-    if obs.is_complex() or obs.dtype == torch.bool:
-        raise InvalidObservation(f'observation is not real numbers: {obs.dtype}')
-    if tuple(obs.shape) != (rows, obs_dim):
-        raise InvalidObservation(f'observation has shape {tuple(obs.shape)}, expected '
-                                 f'{(rows, obs_dim)} (obs_dim {obs_dim})')
-    a = obs.detach().to(torch.float32)
-    if not bool(torch.isfinite(a).all()):
-        idx = torch.nonzero(~torch.isfinite(a))[0].tolist()
-        raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
-    return a
-
-
-def as_tag(tag):
-    """A step tag (an int in [1, 2**63)) or 0 for None; InvalidObservation otherwise."""
-    if tag is not None and not (isinstance(tag, int) and not isinstance(tag, bool)
-                                and 0 < tag < 1 << 63):
-        raise InvalidObservation(f'step tag must be an int in [1, 2**63), got {tag!r}')
-    return tag or 0
-
-
-def tick_control(sessions, active, tags):
-    """step_all's active flags and tags as (which: the sessions that step, a slice of all or
-    an index array; their tags: int64, or None when untagged); InvalidObservation when either
-    is malformed. The usual tick (every session, untagged) builds no array."""
-    if tags is not None:
-        tags = np.array([as_tag(t) for t in tags], dtype=np.int64)
-    mask = None if active is None else np.asarray(active, dtype=bool)
-    if (tags is not None and tags.shape != (sessions,)) or (
-            mask is not None and mask.shape != (sessions,)):
-        raise InvalidObservation(f'step_all needs {sessions} tags and {sessions} active flags, '
-                                 f'got {None if tags is None else tags.shape[0]} and '
-                                 f'{None if mask is None else mask.shape}')
-    which = slice(None) if mask is None or mask.all() else np.flatnonzero(mask)
-    return which, None if tags is None else tags[which]
 
 
 class Feedback(NamedTuple):
@@ -308,6 +240,11 @@ class StepProgram:
             self.transfer.copy(self.obs_buf, self._obs_host, 4 * self.obs_np.size)
         else:
             self.obs_buf.copy_(device_obs)
+
+    def actions(self, on_device=False):
+        """A copy of the latest tick's actions (its buffers are the next tick's), on the device
+        or on the host (numpy's copy there: torch's wakes its thread pool for a fleet's)."""
+        return self.act_buf.clone() if on_device else torch.from_numpy(self.act_np.copy())
 
     def stage(self, obs):
         """A fleet's host observations (shape-checked, as_observations(finite=False)) into
