@@ -255,15 +255,17 @@ def main(argv=None):
     ap.add_argument('--device', default='auto')
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
-    ap.add_argument('--ns', default='', help='comma list of fleet sizes')
+    ap.add_argument('--ns', default='', help='comma list of fleet sizes (none: no tick rows)')
+    ap.add_argument('--capsule-ns', default='', help='the same for the capsule rows')
     args = ap.parse_args(argv)
     if args.smoke:
         torch.set_num_threads(1)
     device = resolve_device(args.device)
     mode = 'smoke' if args.smoke else ('gpu' if device.type == 'cuda' else 'cpu')
     cfg = dict(CONFIGS[mode])
-    if args.ns:
-        cfg['ns'] = [int(x) for x in args.ns.split(',')]
+    for key, given in (('ns', args.ns), ('capsule_ns', args.capsule_ns)):
+        if given:
+            cfg[key] = [] if given == 'none' else [int(x) for x in given.split(',')]
     env = environment(device, f'fleet-scale-{mode}', args.commit)
     stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-fleet-scale'
     report = Report(results_stem(args.out, stem), env, {**cfg, 'policies': POLICIES},
