@@ -8,6 +8,7 @@ synchronisation.
 """
 
 from dataclasses import dataclass
+import math
 import time
 
 import torch
@@ -73,7 +74,9 @@ class CapsuleOps:
         """' of session <name>' in a multi-session engine's messages, else ''."""
         return '' if len(self.sessions) == 1 else f' of session {s.name!r}'
 
-    def _snapshot_live(self, name, overwrite, pin, tier, s):
+    def _snapshot_live(self, name, overwrite, pin, tier, s, describe):
+        """The OpResult of a snapshot of session s's live state; its message is describe(the
+        manifest), composed while the copy is in flight, as is all of the bookkeeping."""
         if not name:
             self._snap_count += 1
             name = f'snap-{s.step_index}-{self._snap_count}'
@@ -91,7 +94,9 @@ class CapsuleOps:
                               (s.step_index, s.episode, s.position),
                               (self.arena.schema_digest, self.model_digest), self.clock())
             self.store.put(Capsule(m, data), overwrite=overwrite)
-        return m, timer.us     # manifests are frozen: the caller cannot change the store's
+            result = self._result(describe(m), m, math.nan, s)
+        result.latency_us = timer.us    # manifests are frozen: the caller cannot change them
+        return result
 
     def _replaced(self, name, overwrite):
         """The capsule a new capsule `name` replaces (None: the name is new); CapsuleExists
@@ -124,11 +129,14 @@ class CapsuleOps:
             raise InvalidConfig(f"snapshot tier must be 'device' or 'host', got {tier!r}")
         with self.lock:
             s = self.sessions.find(session)
-            m, us = self._snapshot_live(name, overwrite, pin, tier, s)
-            return self._result(f'snapshot {m.name!r}{self._session_suffix(s)}: {m.nbytes} '
-                                f'bytes at step {m.step}', m, us, s)
+            suffix = self._session_suffix(s)
+            return self._snapshot_live(name, overwrite, pin, tier, s, lambda m: (
+                f'snapshot {m.name!r}{suffix}: {m.nbytes} bytes at step {m.step}'))
 
-    def _restore(self, name, kinds, s):
+    def _restore(self, name, kinds, s, describe=None):
+        """The OpResult of restoring capsule `name` (only buffers of `kinds`, or all) into
+        session s; its message is describe(the manifest) (None: ''), composed while the copy
+        is in flight."""
         capsule = self.store.get(name)
         m = capsule.manifest
         check_compatible(m, self.arena.schema_digest, self.model_digest)
@@ -161,24 +169,26 @@ class CapsuleOps:
                 s.step_index, s.episode, s.position = m.step, m.episode, m.position
             s.rollback_available = 0
             s.lineage = name
+            result = self._result(describe(m) if describe else '', m, math.nan, s)
         self.check()
-        return m, timer.us
+        result.latency_us = timer.us
+        return result
 
     def restore(self, name, kinds, session):
         with self.lock:
             s = self.sessions.find(session)
-            m, us = self._restore(name, kinds, s)
             what = 'all buffers' if kinds is None else f'kinds {sorted(set(kinds))}'
-            return self._result(f'restored {name!r} ({what}){self._session_suffix(s)} to step '
-                                f'{m.step}', m, us, s)
+            suffix = self._session_suffix(s)
+            return self._restore(name, kinds, s, lambda m: (
+                f'restored {name!r} ({what}){suffix} to step {m.step}'))
 
     def fork(self, source, target, overwrite, session):
         with self.lock:
             if not source:
                 s = self.sessions.find(session)
-                m, us = self._snapshot_live(target, overwrite, False, Tier.DEVICE, s)
-                return self._result(f'forked live state{self._session_suffix(s)} to '
-                                    f'{target!r}', m, us, s)
+                suffix = self._session_suffix(s)
+                return self._snapshot_live(target, overwrite, False, Tier.DEVICE, s,
+                                           lambda m: f'forked live state{suffix} to {target!r}')
             self.store.validate_name(target)
             capsule = self.store.get(source)
             src = capsule.manifest
@@ -247,7 +257,7 @@ class CapsuleOps:
             episode = s.episode + 1
             with self.timer as timer:
                 if EPISODE_START in self.store:
-                    m, _ = self._restore(EPISODE_START, None, s)
+                    m = self._restore(EPISODE_START, None, s).manifest
                 else:
                     m = None
                     self.program.initial_state(s.index, episode)
