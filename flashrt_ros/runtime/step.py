@@ -261,7 +261,7 @@ class StepProgram:
     def issue(self, position, tagged, device_obs=None, copied_in=False):
         """Device side of a tick, asynchronous until the caller's sync: the observations in
         (copy_in, unless copied_in), control in, the step for `position`, the tag of a single
-        session (tagged), the output back into act_np and finite_np."""
+        session (tagged), the output back into finite_np and (unless device_obs) act_np."""
         copy, n = self.transfer.copy, self.sessions
         if not copied_in:
             self.copy_in(device_obs)
@@ -271,7 +271,10 @@ class StepProgram:
         self.graph_for(position).replay()
         if n == 1 and tagged:       # after the replay: the ring holds the previous tag
             copy(self._meta, self._ctl_host, 8, dst_offset=8 * META_TAG, src_offset=8)
-        copy(self._out_host, self.out_buf, 4 * self.out_buf.numel())
+        # back to the host: the actions and the flags, or the flags alone when the actions
+        # stay on the device (a resident fleet's)
+        skip = 0 if device_obs is None else 4 * self.act_buf.numel()
+        copy(self._out_host, self.out_buf, 4 * self.out_buf.numel() - skip, skip, skip)
 
     # -- determinism ---------------------------------------------------------------------------
 
