@@ -4,6 +4,7 @@ in the tree it runs from. Run it alternately from two trees in one session, so t
 the same machine (a host's speed moves between machines and minutes):
 
     git archive <base> flashrt_ros benchmarks | tar -x -C /tmp/base
+    cp benchmarks/tick_compare.py /tmp/base/benchmarks/     # a base older than this file
     for r in 1 2 3; do (cd /tmp/base && python -m benchmarks.tick_compare --label <base>)
                        python -m benchmarks.tick_compare --label <this commit>; done
 """
@@ -11,7 +12,6 @@ the same machine (a host's speed moves between machines and minutes):
 import argparse
 import json
 import tempfile
-import time
 
 import numpy as np
 import torch
@@ -19,17 +19,9 @@ import torch
 from flashrt_ros.runtime.engine import PolicyEngine
 from flashrt_ros.runtime.policies import make_policy
 
-N, TICKS = 4096, 300
-LSTM = {'rnn_type': 'lstm', 'rnn_hidden_dim': 64, 'actor_hidden_dims': (32,)}
+from .tick_profile import LSTM, N, p50_us     # p50_us: 10 calls to warm up, then k timed
 
-
-def p50_us(fn):
-    times = []
-    for _ in range(TICKS):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return round(sorted(times)[TICKS // 2] * 1e6, 1)
+TICKS = 300
 
 
 def main():
@@ -42,15 +34,13 @@ def main():
         policy = make_policy('recurrent', 47, 12, seed=0, **LSTM).set_kernels(kernels)
         e = PolicyEngine(policy, device='cuda', sessions=N, batch_sessions=batched,
                          rollback_depth=4, capsule_dir=tempfile.mkdtemp(), determinism_probe=0)
-        for _ in range(20):
-            e.step_all(obs)
         graph = e.program.graph
 
         def replay():
             graph.replay()
             torch.cuda.synchronize()
-        row[kernels] = {'step_all_us': p50_us(lambda: e.step_all(obs)),
-                        'replay_us': p50_us(replay)}
+        row[kernels] = {'step_all_us': p50_us(lambda: e.step_all(obs), TICKS),
+                        'replay_us': p50_us(replay, TICKS)}
     print(json.dumps(row))
 
 
