@@ -1,5 +1,5 @@
-"""LeRobot chunk policies (SmolVLA, ACT) on the engine against LeRobot's own select_action, and
-what a capsule saves.
+"""LeRobot chunk policies (SmolVLA, ACT, Diffusion Policy) on the engine against LeRobot's own
+select_action, and what a capsule saves.
 
     python -m benchmarks.vla --device cpu --out benchmarks/results/<date>-<device>-vla
     python -m benchmarks.vla --smoke --out /tmp/vla_smoke          # the test
@@ -48,9 +48,14 @@ def _models(kind, size, device, tmp, vlm_dtype):
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.processor import NormalizerProcessorStep
 
-    from flashrt_ros.runtime.policies import ACTChunkPolicy, SmolVLAChunkPolicy
+    from flashrt_ros.runtime.policies import (ACTChunkPolicy, DiffusionChunkPolicy,
+                                              SmolVLAChunkPolicy)
     from flashrt_ros.runtime.policies import lerobot_demo as demo
-    if kind == 'smolvla':
+    if kind == 'diffusion':
+        from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy as LeRobot
+        folder = demo.diffusion_checkpoint(f'{tmp}/checkpoint', size=size)
+        ours = DiffusionChunkPolicy
+    elif kind == 'smolvla':
         from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy as LeRobot
         folder = demo.checkpoint(demo.vlm_folder(f'{tmp}/vlm', size), f'{tmp}/checkpoint',
                                  size=size)
@@ -86,7 +91,13 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype):
     noise = {} if kind != 'smolvla' else {'noise': gaussian_noise(
         torch.tensor([5], device=device), torch.tensor([0], device=device),
         cfgl.chunk_size * cfgl.max_action_dim).view(1, cfgl.chunk_size, cfgl.max_action_dim)}
+
+    def seeded():       # Diffusion Policy: LeRobot draws from the seed the engine's chunk takes
+        if kind == 'diffusion':
+            from flashrt_ros.runtime.policies.lerobot_diffusion import chunk_seed
+            policy.device_generator()[0].manual_seed(chunk_seed(5, 0))
     # identity: a whole chunk, engine against LeRobot's pipeline
+    seeded()
     want = [post(reference.select_action(dict(batch), **(noise if t == 0 else {})))[0].cpu()
             for t, batch in enumerate(batches)]
     got = [engine.step(o.numpy()).cpu() for o in obs]
@@ -112,6 +123,7 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype):
 
     def lerobot_chunk():
         reference.reset()
+        seeded()
         post(reference.select_action(dict(batches[0]), **noise))
         sync()
 
@@ -184,7 +196,8 @@ def main(argv=None):
     ap.add_argument('--device', default='cpu')
     ap.add_argument('--sizes', default='demo',
                     help="comma list of 'demo', 'published', 'aloha' (SmolVLA only)")
-    ap.add_argument('--policies', default='smolvla', help="comma list of 'smolvla', 'act'")
+    ap.add_argument('--policies', default='smolvla',
+                    help="comma list of 'smolvla', 'act', 'diffusion'")
     ap.add_argument('--vlm-dtype', default='float32', choices=('float32', 'bfloat16'))
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
@@ -201,7 +214,7 @@ def main(argv=None):
     report.results['sections'] = {'rows': []}
     for kind in args.policies.split(','):
         for size in args.sizes.split(','):
-            if kind == 'act' and size == 'aloha':
+            if kind != 'smolvla' and size == 'aloha':
                 continue
             with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
                 report.results['sections']['rows'].append(

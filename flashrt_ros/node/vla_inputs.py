@@ -1,5 +1,6 @@
 """vla_inputs: cameras, joint states and an instruction as robots publish them, packed into the
-observation a LeRobot policy node takes (policy_type smolvla; act, which takes no instruction).
+observation a LeRobot policy node takes (policy_type smolvla; act and diffusion take no
+instruction).
 
 Subscribes to one sensor_msgs/Image or CompressedImage topic per camera of the checkpoint
 (`camera_topics`: 'feature_key=topic', e.g. 'observation.images.top=/camera/top/image_raw';

@@ -123,3 +123,9 @@ class SmolVLAConfig(PolicyConfig):
 class ACTConfig(SmolVLAConfig):
     '''A LeRobot ACT checkpoint folder (policy_file): obs_dim the state and each camera's
     3 x H x W (no instruction), act_dim its action size.'''
+
+
+@dataclass
+class DiffusionConfig(ACTConfig):
+    '''A LeRobot Diffusion Policy checkpoint folder (policy_file): obs_dim and act_dim as
+    ACT's (one observation; the policy keeps its own history).'''

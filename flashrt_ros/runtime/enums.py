@@ -24,6 +24,7 @@ class PolicyKind(_StringEnum):
     HISTORY = 'history'         # the hybrid history model: KV cache, recurrence, chunks
     SMOLVLA = 'smolvla'         # a LeRobot SmolVLA checkpoint: prefix KV cache, action chunk
     ACT = 'act'                 # a LeRobot ACT checkpoint: action chunk
+    DIFFUSION = 'diffusion'     # a LeRobot Diffusion Policy checkpoint: history, chunk, rng
 
 
 class Tier(_StringEnum):

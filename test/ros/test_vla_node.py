@@ -194,3 +194,26 @@ def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     assert actions == h.reference(obs)
     wait_for(lambda: len(chunks) == 2, what='two chunks')
     assert [list(p.positions) for p in chunks[0].points] == actions[:STEPS]
+
+
+def test_a_diffusion_checkpoint_on_the_node(make, tmp_path_factory):
+    """policy_type diffusion: a LeRobot Diffusion Policy checkpoint folder (its observation
+    history and its noise's rng are state); the node's actions are the engine's, and a
+    capsule taken mid-chunk through the node's services replays them across the next chunk."""
+    import numpy as np
+
+    from flashrt_ros.runtime.policies.lerobot_demo import DIFFUSION_SIZES, diffusion_checkpoint
+    from support.smolvla import STATE_DIM
+    folder = diffusion_checkpoint(tmp_path_factory.mktemp('diffusion'))
+    dim = STATE_DIM + sum(c * h * w for c, h, w in DIFFUSION_SIZES['demo']['cameras'].values())
+    h = make(dict(policy_type='diffusion', policy_file=folder, obs_dim=dim, act_dim=ACT_DIM,
+                  seed=3))
+    rng, steps = np.random.default_rng(8), DIFFUSION_SIZES['demo']['config']['n_action_steps']
+    obs = [np.concatenate([rng.standard_normal(STATE_DIM), rng.random(dim - STATE_DIM)]
+                          ).astype(np.float32) for _ in range(3 * steps)]
+    first = h.steps(obs[:steps + 2])
+    assert h.call('snapshot', name='mid').success
+    later = h.steps(obs[steps + 2:])
+    assert first + later == h.reference(obs)
+    assert h.call('restore', name='mid').success
+    assert h.steps(obs[steps + 2:]) == later

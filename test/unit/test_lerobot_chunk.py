@@ -223,3 +223,60 @@ def test_token_ids_that_are_not_the_models_are_refused_before_the_state_moves(
             engine.step_all(torch.from_numpy(bad)[None])       # on the device path too
     assert engine.rejected_observations == 8
     assert torch.equal(engine.step(obs[1]), twin.step(obs[1]))
+
+
+@pytest.mark.parametrize('scheduler', ['DDPM', 'DDIM'])
+@pytest.mark.parametrize('device', DEVICES)
+def test_diffusion_equals_lerobots_pipeline_and_a_capsule_replays(tmp_path, device, scheduler):
+    """Diffusion Policy: an observation history (filled with the first observation of an
+    episode) conditions a denoising whose noise (the prior, and with DDPM every step's
+    variance) LeRobot draws from torch's generator: given the seed the engine derives for each
+    chunk from its rng buffer, the engine equals LeRobot's pipeline bit for bit over three
+    chunks and across a reset, leaves the caller's generator as it was, and a capsule taken
+    mid-chunk (history, chunk, rng) replays the same actions 8 times."""
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+
+    from flashrt_ros.runtime.policies import DiffusionChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import DIFFUSION_SIZES, diffusion_checkpoint
+    from flashrt_ros.runtime.policies.lerobot_diffusion import chunk_seed
+    folder = diffusion_checkpoint(tmp_path / 'diffusion', noise_scheduler_type=scheduler)
+    reference = DiffusionPolicy.from_pretrained(folder).eval().to(device)
+    pre, post = pipeline(folder)
+    engine = PolicyEngine(DiffusionChunkPolicy.from_pretrained(folder, seed=SEED),
+                          device=device, capsule_dir=str(tmp_path / 'capsules'))
+    assert engine.policy._chunk_graph.captured == (device == 'cuda')
+    cameras, steps = DIFFUSION_SIZES['demo']['cameras'], engine.policy.steps
+    rng = np.random.default_rng(11)
+    frames_ = [{'observation.state': torch.from_numpy(rng.standard_normal(STATE_DIM)).float(),
+                **{k: torch.from_numpy(rng.random(s, dtype=np.float32))
+                   for k, s in cameras.items()}} for _ in range(4 * steps)]
+    obs = [np.concatenate([f['observation.state'].numpy(),
+                           *[f[k].numpy().ravel() for k in cameras]]) for f in frames_]
+    generator = torch.cuda.default_generators[0] if device == 'cuda' else \
+        torch.default_generator
+    got, chunks = [], 0
+    for t, (frame, o) in enumerate(zip(frames_, obs)):
+        if t == 3 * steps + 1:      # a new episode: both start their history afresh
+            reference.reset()
+            engine.reset_episode()
+            chunks = 0
+        if len(reference._queues['action']) == 0:   # LeRobot draws a chunk: the engine's seed
+            generator.manual_seed(chunk_seed(SEED, chunks))
+            chunks += 1
+        want = post(reference.select_action(_on(device, pre(dict(frame)))))[0]
+        before = generator.get_state()
+        got.append(engine.step(o))
+        assert torch.equal(generator.get_state(), before), t
+        assert torch.equal(got[-1].cpu(), want.cpu()), t
+        if t == steps + 1:
+            engine.snapshot('mid')
+    later = torch.stack(got[steps + 2:3 * steps])         # a chunk's computation included
+    for _ in range(8):
+        engine.restore('mid')
+        assert torch.equal(torch.stack([engine.step(o) for o in obs[steps + 2:3 * steps]]),
+                           later)
+    # the noise matters: the engine of another seed draws other chunks
+    other = PolicyEngine(DiffusionChunkPolicy.from_pretrained(folder, seed=SEED + 1),
+                         device=device, capsule_dir=str(tmp_path / 'other'))
+    assert not torch.equal(torch.stack([other.step(o) for o in obs[:steps]]).cpu(),
+                           torch.stack(got[:steps]).cpu())

@@ -6,13 +6,15 @@ KINDS. make_policy() builds any kind from keyword arguments; build_policy() from
 
 import torch
 
-from ..config import ACTConfig, HistoryConfig, MLPConfig, RecurrentConfig, SmolVLAConfig
+from ..config import ACTConfig, DiffusionConfig, HistoryConfig, MLPConfig, RecurrentConfig, \
+    SmolVLAConfig
 from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
 from .lerobot_chunk import ACTChunkPolicy
+from .lerobot_diffusion import DiffusionChunkPolicy
 from .lerobot_smolvla import SmolVLAChunkPolicy
 from .loaders import from_file, weights
 from .recurrent import RecurrentPolicy
@@ -25,10 +27,13 @@ KINDS = {
     PolicyKind.HISTORY: (HistoryPolicy, HistoryConfig),
     PolicyKind.SMOLVLA: (SmolVLAChunkPolicy, SmolVLAConfig),
     PolicyKind.ACT: (ACTChunkPolicy, ACTConfig),
+    PolicyKind.DIFFUSION: (DiffusionChunkPolicy, DiffusionConfig),
 }
-LEROBOT_KINDS = (PolicyKind.SMOLVLA, PolicyKind.ACT)    # policy_file: a checkpoint folder
+LEROBOT_KINDS = (PolicyKind.SMOLVLA, PolicyKind.ACT,      # policy_file: a checkpoint folder
+                 PolicyKind.DIFFUSION)
 
-__all__ = ['ACTChunkPolicy', 'ACTIVATIONS', 'build_policy', 'FeedForwardPolicy',
+__all__ = ['ACTChunkPolicy', 'ACTIVATIONS', 'build_policy', 'DiffusionChunkPolicy',
+           'FeedForwardPolicy',
            'gaussian_noise', 'HistoryPolicy', 'KINDS', 'LEROBOT_KINDS', 'linear_scan',
            'make_policy', 'ObservationHistory', 'Policy', 'RecurrentPolicy', 'ScriptedPolicy',
            'SmolVLAChunkPolicy', 'TermHistory']

@@ -1,6 +1,7 @@
 '''LeRobot's chunk policies on the engine: what they share (LeRobotChunkPolicy), and ACT
 (cameras, state -> action chunks, or one temporally ensembled action a step); SmolVLA
-(cameras, instruction, state -> action chunks) is in lerobot_smolvla.py. Their execution
+(cameras, instruction, state -> action chunks) is in lerobot_smolvla.py, Diffusion Policy
+(a history of cameras and state -> action chunks) in lerobot_diffusion.py. Their execution
 state lives in the arena, so that a capsule holds all of it.
 
 LeRobot's select_action keeps a deque of actions and, when it runs empty, computes a chunk:
@@ -52,6 +53,7 @@ class LeRobotChunkPolicy(Policy):
 
     capturable = False      # the engine runs step() eagerly and calls capture()
     tokens = 0              # the instruction's token count (a language policy)
+    chunk_inputs = 1        # observation vectors a chunk's computation reads (its history)
     computation = ()        # config fields that change the actions for the same weights
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
@@ -67,7 +69,9 @@ class LeRobotChunkPolicy(Policy):
                          cfg.output_features['action'].shape[0], seed=seed)
         self.lerobot = lerobot_policy.eval()
         self.state_dim, self.cameras = state_dim, cams
-        self.chunk, self.steps = int(cfg.chunk_size), int(cfg.n_action_steps)
+        # a chunk's length (Diffusion Policy calls it the horizon) and the actions used of it
+        self.chunk = int(getattr(cfg, 'chunk_size', None) or cfg.horizon)
+        self.steps = int(cfg.n_action_steps)
         # the statistics are buffers: they move with the model and are in its digest
         self._modes, device = {}, next(lerobot_policy.parameters()).device
         for key, ftype in ((STATE, 'STATE'), ('action', 'ACTION'),
@@ -139,7 +143,7 @@ class LeRobotChunkPolicy(Policy):
         '''The chunk's computation over static buffers: one CUDA graph when enabled (on CUDA),
         else the same function eagerly. Called by the engine once the policy is on its
         device; step() calls it (eager) when nothing did.'''
-        self._chunk_obs = torch.zeros(self.obs_dim, device=self.device)
+        self._chunk_obs = torch.zeros(self.chunk_inputs * self.obs_dim, device=self.device)
         self._chunk_rng = torch.zeros(2, dtype=torch.int64, device=self.device)
         self._chunk_graph = StepGraph(self._chunk_fn, self.device, enabled, host_constants=True)
 

@@ -43,6 +43,18 @@ ACT_SIZES = {
     'published': dict(cameras={'observation.images.top': (3, 480, 480)}, dims=(14, 14),
                       config=dict(n_action_steps=100)),
 }
+# Diffusion Policy: 'demo' for the tests (two cameras of one shape, DDPM over 10 steps);
+# 'published': DiffusionConfig's defaults (its PushT-sized U-Net, DDPM over 100 steps), one
+# 96 x 96 camera cropped to 84 x 84, 2 dims, for benchmarks
+DIFFUSION_SIZES = {
+    'demo': dict(cameras={f'observation.images.{k}': (3, 48, 64) for k in ('top', 'wrist')},
+                 dims=(STATE_DIM, ACT_DIM), config=dict(
+                     n_obs_steps=2, horizon=8, n_action_steps=4, down_dims=(32, 64),
+                     kernel_size=3, diffusion_step_embed_dim=32, spatial_softmax_num_keypoints=8,
+                     crop_shape=(40, 56), num_train_timesteps=10)),
+    'published': dict(cameras={'observation.images.top': (3, 96, 96)}, dims=(2, 2),
+                      config=dict(crop_shape=(84, 84))),
+}
 SPECIALS = ['<|endoftext|>', '<fake_token_around_image>', '<global-img>', '<image>',
             '<end_of_utterance>']
 
@@ -150,6 +162,43 @@ def act_checkpoint(folder, seed=0, size='demo', **options):
                     'std': torch.rand(3, 1, 1, generator=gen) + 0.1}
                 for k in ACT_SIZES[size]['cameras']}}
     pre, post = make_act_pre_post_processors(policy.config, stats)
+    for part in (policy, pre, post):
+        part.save_pretrained(folder)
+    return str(folder)
+
+
+def diffusion(seed=0, size='demo', **options):
+    '''A lerobot DiffusionPolicy of DIFFUSION_SIZES[size] (a ResNet-18 encoder with group
+    norm, random, no pretrained weights), weights from torch.manual_seed(seed); options override
+    DiffusionConfig fields (noise_scheduler_type='DDIM', ...).'''
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+    z = DIFFUSION_SIZES[size]
+    state, action = z['dims']
+    config = DiffusionConfig(
+        input_features={'observation.state': PolicyFeature(FeatureType.STATE, (state,)),
+                        **{k: PolicyFeature(FeatureType.VISUAL, s)
+                           for k, s in z['cameras'].items()}},
+        output_features={'action': PolicyFeature(FeatureType.ACTION, (action,))},
+        pretrained_backbone_weights=None, device='cpu', **{**z['config'], **options})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return DiffusionPolicy(config).eval()
+
+
+def diffusion_checkpoint(folder, seed=0, size='demo', **options):
+    '''A Diffusion Policy checkpoint folder as training writes it, with seeded statistics in
+    its config's modes (state and action min / max, the images' mean / std per channel).'''
+    from lerobot.policies.diffusion.processor_diffusion import make_diffusion_pre_post_processors
+    policy = diffusion(seed, size, **options)
+    z, gen = DIFFUSION_SIZES[size], torch.Generator().manual_seed(seed + 1)
+    stats = {key: {'min': low, 'max': low + torch.rand(n, generator=gen) + 0.5}
+             for key, n in zip(('observation.state', 'action'), z['dims'])
+             for low in [torch.randn(n, generator=gen)]}
+    stats.update({k: {'mean': torch.rand(3, 1, 1, generator=gen),
+                      'std': torch.rand(3, 1, 1, generator=gen) + 0.1} for k in z['cameras']})
+    pre, post = make_diffusion_pre_post_processors(policy.config, stats)
     for part in (policy, pre, post):
         part.save_pretrained(folder)
     return str(folder)
