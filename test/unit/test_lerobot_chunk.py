@@ -233,7 +233,7 @@ def test_diffusion_equals_lerobots_pipeline_and_a_capsule_replays(tmp_path, devi
     variance) LeRobot draws from torch's generator: given the seed the engine derives for each
     chunk from its rng buffer, the engine equals LeRobot's pipeline bit for bit over three
     chunks and across a reset, leaves the caller's generator as it was, and a capsule taken
-    mid-chunk (history, chunk, rng) replays the same actions 8 times."""
+    mid-chunk (history, chunk, rng) replays the same actions 8 times and in a fresh process."""
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
     from flashrt_ros.runtime.policies import DiffusionChunkPolicy
@@ -275,6 +275,23 @@ def test_diffusion_equals_lerobots_pipeline_and_a_capsule_replays(tmp_path, devi
         engine.restore('mid')
         assert torch.equal(torch.stack([engine.step(o) for o in obs[steps + 2:3 * steps]]),
                            later)
+    engine.save('mid', 'mid.capsule')       # and in a fresh process (the same capsule_dir)
+    np.save(tmp_path / 'later.npy', np.stack(obs[steps + 2:3 * steps]))
+    script = (
+        'import sys, json, numpy; sys.path[:0] = %r\n'
+        'from flashrt_ros.runtime.engine import PolicyEngine\n'
+        'from flashrt_ros.runtime.policies import DiffusionChunkPolicy\n'
+        'e = PolicyEngine(DiffusionChunkPolicy.from_pretrained(%r, seed=%d), device=%r, '
+        'capsule_dir=%r)\n'
+        'e.load("mid.capsule", "mid")\n'
+        'e.restore("mid")\n'
+        'print(json.dumps([e.step(o).tolist() for o in numpy.load("later.npy")]))\n'
+        % (sys.path, folder, SEED, device, str(tmp_path / 'capsules')))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])),
+                       later.cpu())
     # the noise matters: the engine of another seed draws other chunks
     other = PolicyEngine(DiffusionChunkPolicy.from_pretrained(folder, seed=SEED + 1),
                          device=device, capsule_dir=str(tmp_path / 'other'))
