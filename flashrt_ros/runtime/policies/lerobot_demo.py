@@ -131,16 +131,13 @@ def checkpoint(vlm_path, folder, seed=0, size='demo'):
     return str(folder)
 
 
-def act(seed=0, size='demo', **options):
-    '''A lerobot ACTPolicy of ACT_SIZES[size] (the ResNet-18 backbone ACT always has, random,
-    no pretrained weights), weights from torch.manual_seed(seed); options override ACTConfig
-    fields (temporal_ensemble_coeff=0.01, n_action_steps=1, ...).'''
+def _cameras_and_state(config_class, policy_class, z, seed, options):
+    '''A LeRobot policy that takes cameras and state (ACT, Diffusion Policy) at sizes z:
+    random weights from torch.manual_seed(seed), its ResNet backbone without pretrained
+    weights, options over its config's fields.'''
     from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.act.modeling_act import ACTPolicy
-    z = ACT_SIZES[size]
     state, action = z['dims']
-    config = ACTConfig(
+    config = config_class(
         input_features={'observation.state': PolicyFeature(FeatureType.STATE, (state,)),
                         **{k: PolicyFeature(FeatureType.VISUAL, s)
                            for k, s in z['cameras'].items()}},
@@ -148,57 +145,53 @@ def act(seed=0, size='demo', **options):
         pretrained_backbone_weights=None, device='cpu', **{**z['config'], **options})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return ACTPolicy(config).eval()
+        return policy_class(config).eval()
 
 
-def act_checkpoint(folder, seed=0, size='demo', **options):
-    '''An ACT checkpoint folder as training writes it, with seeded statistics (the images'
-    per channel, as a LeRobot dataset has them).'''
-    from lerobot.policies.act.processor_act import make_act_pre_post_processors
-    policy = act(seed, size, **options)
-    gen = torch.Generator().manual_seed(seed + 1)
-    stats = {**statistics(seed, dims=ACT_SIZES[size]['dims']),
-             **{k: {'mean': torch.rand(3, 1, 1, generator=gen),
-                    'std': torch.rand(3, 1, 1, generator=gen) + 0.1}
-                for k in ACT_SIZES[size]['cameras']}}
-    pre, post = make_act_pre_post_processors(policy.config, stats)
+def _saved(folder, policy, make_processors, stats, cameras, gen):
+    '''The checkpoint folder training writes: the policy, its pre- and post-processor with
+    stats and each camera's per-channel mean / std (as a LeRobot dataset has them).'''
+    stats = {**stats, **{k: {'mean': torch.rand(3, 1, 1, generator=gen),
+                             'std': torch.rand(3, 1, 1, generator=gen) + 0.1} for k in cameras}}
+    pre, post = make_processors(policy.config, stats)
     for part in (policy, pre, post):
         part.save_pretrained(folder)
     return str(folder)
 
 
+def act(seed=0, size='demo', **options):
+    '''A lerobot ACTPolicy of ACT_SIZES[size], weights from torch.manual_seed(seed); options
+    override ACTConfig fields (temporal_ensemble_coeff=0.01, n_action_steps=1, ...).'''
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.act.modeling_act import ACTPolicy
+    return _cameras_and_state(ACTConfig, ACTPolicy, ACT_SIZES[size], seed, options)
+
+
+def act_checkpoint(folder, seed=0, size='demo', **options):
+    '''An ACT checkpoint folder as training writes it, with seeded statistics.'''
+    from lerobot.policies.act.processor_act import make_act_pre_post_processors
+    return _saved(folder, act(seed, size, **options), make_act_pre_post_processors,
+                  statistics(seed, dims=ACT_SIZES[size]['dims']), ACT_SIZES[size]['cameras'],
+                  torch.Generator().manual_seed(seed + 1))
+
+
 def diffusion(seed=0, size='demo', **options):
-    '''A lerobot DiffusionPolicy of DIFFUSION_SIZES[size] (a ResNet-18 encoder with group
-    norm, random, no pretrained weights), weights from torch.manual_seed(seed); options override
-    DiffusionConfig fields (noise_scheduler_type='DDIM', ...).'''
-    from lerobot.configs.types import FeatureType, PolicyFeature
+    '''A lerobot DiffusionPolicy of DIFFUSION_SIZES[size] (its ResNet-18 encoder with group
+    norm), weights from torch.manual_seed(seed); options override DiffusionConfig fields
+    (noise_scheduler_type='DDIM', ...).'''
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
-    z = DIFFUSION_SIZES[size]
-    state, action = z['dims']
-    config = DiffusionConfig(
-        input_features={'observation.state': PolicyFeature(FeatureType.STATE, (state,)),
-                        **{k: PolicyFeature(FeatureType.VISUAL, s)
-                           for k, s in z['cameras'].items()}},
-        output_features={'action': PolicyFeature(FeatureType.ACTION, (action,))},
-        pretrained_backbone_weights=None, device='cpu', **{**z['config'], **options})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return DiffusionPolicy(config).eval()
+    return _cameras_and_state(DiffusionConfig, DiffusionPolicy, DIFFUSION_SIZES[size], seed,
+                              options)
 
 
 def diffusion_checkpoint(folder, seed=0, size='demo', **options):
     '''A Diffusion Policy checkpoint folder as training writes it, with seeded statistics in
     its config's modes (state and action min / max, the images' mean / std per channel).'''
     from lerobot.policies.diffusion.processor_diffusion import make_diffusion_pre_post_processors
-    policy = diffusion(seed, size, **options)
     z, gen = DIFFUSION_SIZES[size], torch.Generator().manual_seed(seed + 1)
     stats = {key: {'min': low, 'max': low + torch.rand(n, generator=gen) + 0.5}
              for key, n in zip(('observation.state', 'action'), z['dims'])
              for low in [torch.randn(n, generator=gen)]}
-    stats.update({k: {'mean': torch.rand(3, 1, 1, generator=gen),
-                      'std': torch.rand(3, 1, 1, generator=gen) + 0.1} for k in z['cameras']})
-    pre, post = make_diffusion_pre_post_processors(policy.config, stats)
-    for part in (policy, pre, post):
-        part.save_pretrained(folder)
-    return str(folder)
+    return _saved(folder, diffusion(seed, size, **options), make_diffusion_pre_post_processors,
+                  stats, z['cameras'], gen)
