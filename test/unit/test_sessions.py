@@ -292,6 +292,15 @@ def _resident_equals_host(spec, tmp_path, device):
             resident.step_all(wrong)
     assert resident.rejected_observations == refused + 4
     assert all(b.equal(c) for b, c in zip(before, _blocks(resident)))
+    # from the host, the check runs while the observations are on their way to the device:
+    # refused the same, nothing of the state moved, and the next tick is untouched by them
+    before, refused = _blocks(host), host.rejected_observations
+    bad_host = obs[0].copy()
+    bad_host[N - 1, OBS - 2] = np.inf
+    with pytest.raises(InvalidObservation, match='NaN or Inf'):
+        host.step_all(bad_host)
+    assert host.rejected_observations == refused + 1
+    assert all(b.equal(c) for b, c in zip(before, _blocks(host)))
     # float64 on the device is taken as numpy takes it from the host: rounded to float32
     assert torch.equal(resident.step_all(good.double()).cpu(), host.step_all(obs[0]))
 
