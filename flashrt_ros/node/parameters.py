@@ -99,8 +99,9 @@ class NodeConfig:
         choices=('lockstep', 'timer'))
     control_rate: float = param(50.0, 'timer mode: policy steps per second', low=0.1,
                                 high=10000.0)
-    chunk_period: float = param(0.0, 'smolvla, act with action_joint_names: seconds between the '
-                                'points of ~/action_chunk (0: 1 / control_rate)', low=0.0)
+    chunk_period: float = param(0.0, 'smolvla, act, diffusion with action_joint_names: seconds '
+                                'between the points of ~/action_chunk (0: 1 / control_rate)',
+                                low=0.0)
     max_input_age: float = param(0.1, 'timer mode: readings older than this (s, by arrival) '
                                  'are stale: the step is refused and counted', low=0.0)
     qos_depth: int = param(100, 'subscription and action queue depth', low=1, high=100000)
