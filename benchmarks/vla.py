@@ -14,7 +14,10 @@ wall time (the device synchronised):
   restore    a mid-chunk capsule restored, then the step after it: the next action without
              recomputing anything, against `chunk` (what a reset or a what-if costs without
              the capsule: the chunk computed again);
-  snapshot   taking that capsule (its bytes: the chunk, the prefix KV cache, the rng).
+  snapshot   taking that capsule (its bytes: the chunk, the prefix KV cache, the rng);
+  kept       SmolVLA: an episode restarted (its start capsule) with the 'kv' buffers of a
+             capsule taken after its first chunk, then that first step again on the same
+             observation: the prefix pass skipped (lerobot_smolvla.py), against `chunk`.
 Identity checks (exit 1 on failure): the engine's actions equal LeRobot's pipeline bit for
 bit; after the restore, the same actions as the first time.
 """
@@ -145,11 +148,24 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype):
 
     engine.reset_episode()
     engine.snapshot('start')
-
     walled = {'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
               'engine_chunk_graph': engine_graph,
               'engine_restore_and_pop': engine_pop,
               'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True)}
+    if kind == 'smolvla':       # the episode restarted with its first prefix kept
+        first = engine.step(obs[0].numpy()).clone()
+        engine.snapshot('first')
+
+        def engine_kept_prefix():
+            engine.restore('start')
+            engine.restore('first', kinds=['kv'])
+            return engine.step(obs[0].numpy())
+        reused = policy.prefix_reused
+        same = all(torch.equal(engine_kept_prefix(), first) for _ in range(8))
+        check(checks, f'{name}: restarted with the first chunk\'s prefix kept, the same first '
+              'action without the prefix pass (8 times)',
+              same and policy.prefix_reused == reused + 8)
+        walled['engine_chunk_kept_prefix'] = engine_kept_prefix
     lerobot_chunk()
     walls, _ = interleaved(None, {}, {}, cfg['iters'], cfg['warmup'], walled=walled,
                            before=None)
@@ -165,7 +181,11 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype):
             'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
                                                         walls['lerobot_chunk']['p50']),
                        'chunk_vs_restore_and_pop': ratio(walls['engine_chunk']['p50'],
-                                                         walls['engine_restore_and_pop']['p50'])}}
+                                                         walls['engine_restore_and_pop']['p50']),
+                       **({'chunk_vs_kept_prefix': ratio(
+                           walls['engine_chunk']['p50'],
+                           walls['engine_chunk_kept_prefix']['p50'])} if kind == 'smolvla'
+                          else {})}}
 
 
 def render(results):
@@ -177,7 +197,7 @@ def render(results):
             f'{env["vlm_dtype"]}, the rest float32\n',
             '| model | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
             'LeRobot pop | restore + next action | chunk / (restore + next) | snapshot | '
-            'capsule bytes |', '|' + ' --- |' * 10]
+            'capsule bytes | first chunk, prefix kept (cold / kept) |', '|' + ' --- |' * 11]
     for r in results['sections'].get('rows', []):
         q = r['ratios']
         out.append(f'| {r["size"]} | {r["params"] / 1e6:.1f} M | '
@@ -186,7 +206,10 @@ def render(results):
                    f'{r["engine_chunk_graph"]["p50"]:.0f} | {r["lerobot_pop"]["p50"]:.0f} | '
                    f'{r["engine_restore_and_pop"]["p50"]:.0f} | '
                    f'{q["chunk_vs_restore_and_pop"]:.0f}x | {r["engine_snapshot"]["p50"]:.0f} '
-                   f'| {r["capsule_bytes"]:,} |')
+                   f'| {r["capsule_bytes"]:,} | ' + (
+                       f'{r["engine_chunk_kept_prefix"]["p50"]:.0f} '
+                       f'({q["chunk_vs_kept_prefix"]:.2f}x) |' if 'chunk_vs_kept_prefix' in q
+                       else '- |'))
     return '\n'.join(out + checks_and_command(results)) + '\n'
 
 

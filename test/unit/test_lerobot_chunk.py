@@ -21,7 +21,7 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
-from support.smolvla import (ACT_DIM, checkpoint, frames, pipeline, smolvla,  # noqa: E402
+from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, frames, pipeline, smolvla,  # noqa: E402
                              STATE_DIM, statistics, vectors, vlm_folder)
 
 STEPS, CHUNK, SEED = 5, 8, 7      # n_action_steps, chunk_size, the engine's noise seed
@@ -99,6 +99,56 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_p
                          cwd=str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])), want)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_the_prefix_is_reused_for_the_same_observation_only(folders, tmp_path, device):
+    """A chunk whose observation is bit for bit the one the session's prefix came from skips
+    the prefix pass, with LeRobot's actions all the same: a robot standing still, and an
+    episode restarted (its start capsule, then the 'kv' buffers of a capsule taken after its
+    first chunk), 8 times. One ulp off, or -0.0 for 0.0, and the prefix is computed again."""
+    _, folder = folders
+    reference, (pre, post) = SmolVLAPolicy.from_pretrained(folder).eval().to(device), \
+        pipeline(folder)
+    engine = _engine(folder, tmp_path, device)
+    policy = engine.policy
+    frame = frames(1, seed=3)[0]
+    frame[next(iter(CAMERAS))][0, 0, 0] = 0.0     # a pixel of exactly 0.0 (its negative below)
+    still = vectors(folder, [frame])[0]
+
+    def lerobots(chunks):
+        reference.reset()
+        return [post(reference.select_action(_on(device, pre(dict(frame))), noise=gaussian_noise(
+            torch.tensor([SEED], device=device), torch.tensor([t // STEPS], device=device),
+            CHUNK * 16).view(1, CHUNK, 16)))[0].cpu() for t in range(chunks * STEPS)]
+
+    engine.snapshot('start')
+    want = lerobots(3)
+    got = [engine.step(still).cpu() for _ in range(3 * STEPS)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert policy.prefix_reused == 2        # chunks 2 and 3: the prefix of chunk 1
+    engine.restore('start')
+    engine.step(still)
+    engine.snapshot('first')                # after the first chunk: its prefix
+    for i in range(8):
+        engine.restore('start')
+        engine.restore('first', kinds=['kv'])
+        reused = policy.prefix_reused
+        assert torch.equal(engine.step(still).cpu(), want[0]), i
+        assert policy.prefix_reused == reused + 1, i
+    # not the same bits: the prefix pass runs, the kept prefix is replaced
+    nudged = [still.copy() for _ in range(2)]
+    nudged[0][3] = np.nextafter(still[3], np.float32(np.inf))
+    assert still[STATE_DIM] == 0 and not np.signbit(still[STATE_DIM])
+    nudged[1][STATE_DIM] = -0.0
+    for changed in nudged:
+        engine.restore('start')
+        engine.restore('first', kinds=['kv'])
+        reused = policy.prefix_reused
+        engine.step(changed)
+        assert policy.prefix_reused == reused
+        kept = policy.views['prefix_obs'].cpu().view(torch.int32)
+        assert torch.equal(kept, torch.from_numpy(changed).view(torch.int32))
 
 
 def test_no_statistics_and_unknown_cameras_are_refused(folders):

@@ -1,12 +1,20 @@
 '''LeRobot's SmolVLA on the engine (lerobot_chunk.py says how the chunk policies work): the
 prefix KV cache of every VLM layer, its pad mask and the flow-matching noise's rng counter are
-arena state beside the chunk.'''
+arena state beside the chunk.
+
+The prefix is reused where that is exact: the arena also keeps the observation the prefix was
+computed from (prefix_obs, kind 'kv' with the cache), and a chunk whose observation equals it
+bit for bit runs the denoise steps alone against the kept prefix: the same kernels on the same
+bytes as a whole chunk, so the same actions. That happens at an episode start that looks like
+one before it (a simulator reset, whose first observation repeats), after restoring the 'kv'
+buffers of a capsule taken after that start's first chunk: the VLM pass is skipped.'''
 
 import contextlib
 
 import torch
 
 from ..errors import InvalidConfig, InvalidObservation
+from ..graph import StepGraph
 from ..state import BufferSpec
 from .base import gaussian_noise
 from .lerobot_checkpoint import MASK, TOKENS
@@ -47,6 +55,9 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
             BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
             BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
             BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
+            # the key of the cache above: the observation it came from, and whether it holds one
+            BufferSpec('prefix_obs', (self.obs_dim,), torch.float32, 'kv'),
+            BufferSpec('prefix_ready', (1,), torch.int64, 'kv'),
             self._rng_spec()]
 
     def _prefix(self, batch, record=False):
@@ -86,19 +97,62 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         obs[..., -2 * self.tokens:-self.tokens] = 0
         obs[..., -self.tokens:] = 1
 
+    def capture(self, enabled):
+        '''The whole chunk (LeRobotChunkPolicy.capture) and its denoise steps alone, each a
+        CUDA graph when enabled; both denoise from the static prefix buffers (_cache).'''
+        cache, dev = (self.layers, *self.kv_shape), self.device
+        self._cache = {'prefix_k': torch.zeros(cache, dtype=self.kv_dtype, device=dev),
+                       'prefix_v': torch.zeros(cache, dtype=self.kv_dtype, device=dev),
+                       'prefix_pad': torch.zeros(1, self.prefix_len, dtype=torch.bool,
+                                                 device=dev)}
+        self.prefix_reused = 0      # chunks that skipped the prefix pass (benchmarks, tests)
+        super().capture(enabled)
+        self._denoise_graph = StepGraph(self._denoise_fn, dev, enabled, host_constants=True)
+
     def _chunk(self, batch):
-        model, cfg = self.lerobot.model, self.lerobot.config
         kv, pad = self._prefix(batch)
+        c = self._cache
+        c['prefix_k'].copy_(torch.stack([kv[i]['key_states'] for i in range(self.layers)]))
+        c['prefix_v'].copy_(torch.stack([kv[i]['value_states'] for i in range(self.layers)]))
+        c['prefix_pad'].copy_(pad)
+        return {**self._denoise(), **c}
+
+    def _denoise(self):
+        '''LeRobot's sample_actions after the prefix pass, against the static prefix.'''
+        model, cfg, c = self.lerobot.model, self.lerobot.config, self._cache
+        kv = {i: {'key_states': c['prefix_k'][i], 'value_states': c['prefix_v'][i]}
+              for i in range(self.layers)}
         x = self.noise(self._chunk_rng)
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
-            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=pad, past_key_values=kv,
-                                            timestep=t)
-        return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True),
-                'prefix_k': torch.stack([kv[i]['key_states'] for i in range(self.layers)]),
-                'prefix_v': torch.stack([kv[i]['value_states'] for i in range(self.layers)]),
-                'prefix_pad': pad}
+            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=c['prefix_pad'],
+                                            past_key_values=kv, timestep=t)
+        return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True)}
+
+    @torch.no_grad()
+    def _denoise_fn(self):
+        self._denoise_out = self._denoise()
+
+    def _replay(self, obs):
+        '''A chunk; the denoise steps alone when the session's prefix came from obs (its
+        bits: -0.0 is not 0.0 here), one read of the device to know.'''
+        if self._chunk_graph is None:
+            self.capture(False)
+        v = self.views
+        same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
+        if bool(same & (v['prefix_ready'] == 1).all()):
+            for name, buffer in self._cache.items():
+                buffer.copy_(v[name])
+            self._chunk_rng.copy_(v['rng'])
+            self._denoise_graph.replay()
+            v['rng'][1:2].add_(1)
+            self.prefix_reused += 1
+            return self._denoise_out
+        out = super()._replay(obs)
+        v['prefix_obs'].copy_(obs)
+        v['prefix_ready'].fill_(1)
+        return out
 
     def noise(self, rng=None):
         '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure
