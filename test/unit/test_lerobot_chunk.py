@@ -163,6 +163,23 @@ def test_no_statistics_and_unknown_cameras_are_refused(folders):
         SmolVLAChunkPolicy(lerobot, stats=None, cameras={'observation.images.side': (3, 8, 8)})
 
 
+def test_a_checkpoint_that_compiles_is_refused_and_changes_nothing(folders, tmp_path):
+    """compile_model: LeRobot would compile entry points the engine does not call and, while
+    building the policy, switch every float32 matmul of the process to TF32; the load is
+    refused and the process keeps its precision."""
+    import shutil
+    _, folder = folders
+    compiling = tmp_path / 'compiling'
+    shutil.copytree(folder, compiling)
+    config = json.loads((compiling / 'config.json').read_text())
+    config['compile_model'] = True
+    (compiling / 'config.json').write_text(json.dumps(config))
+    before = torch.get_float32_matmul_precision()
+    with pytest.raises(InvalidConfig, match='compile_model'):
+        SmolVLAChunkPolicy.from_pretrained(str(compiling))
+    assert torch.get_float32_matmul_precision() == before == 'highest'
+
+
 def test_the_model_digest_follows_the_model_not_its_path(folders, tmp_path):
     """Capsules check the model digest: the same weights and settings from a VLM folder at
     another path give the same digest (a moved checkpoint keeps its capsules), other denoising

@@ -58,6 +58,12 @@ class LeRobotChunkPolicy(Policy):
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
+        if getattr(cfg, 'compile_model', False):
+            # LeRobot compiles its own entry points (which the engine does not call) and, for
+            # SmolVLA and Pi0, sets every float32 matmul of the process to TF32
+            raise InvalidConfig(f'{self.kind}: compile_model is not supported (the engine runs '
+                                'and captures LeRobot\'s modules as they are): save the '
+                                'checkpoint with compile_model false')
         state_dim = cfg.input_features[STATE].shape[0]
         cams = {k: tuple(f.shape) for k, f in cfg.image_features.items()} if cameras is None \
             else {k: tuple(int(s) for s in v) for k, v in cameras.items()}
@@ -91,8 +97,14 @@ class LeRobotChunkPolicy(Policy):
         pre = PolicyProcessorPipeline.from_pretrained(
             folder, config_filename='policy_preprocessor.json')
         found = [s.stats for s in pre.steps if isinstance(s, NormalizerProcessorStep)]
-        return cls(get_policy_class(cls.kind).from_pretrained(folder),
-                   stats=found[0] if found else None, cameras=cameras, seed=seed)
+        # a refused checkpoint leaves the process as it was: LeRobot's constructor sets the
+        # float32 matmul precision when the config asks it to compile
+        precision = torch.get_float32_matmul_precision()
+        try:
+            lerobot = get_policy_class(cls.kind).from_pretrained(folder)
+        finally:
+            torch.set_float32_matmul_precision(precision)
+        return cls(lerobot, stats=found[0] if found else None, cameras=cameras, seed=seed)
 
     def config(self):
         # what shapes the computation besides the weights; never a path (vlm_model_name): a

@@ -48,9 +48,8 @@ class DiffusionChunkPolicy(LeRobotChunkPolicy):
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
-        if cfg.env_state_feature is not None or cfg.compile_model:
-            raise InvalidConfig('diffusion: an environment-state input and compile_model are '
-                                'not supported (the chunk is captured as it is)')
+        if cfg.env_state_feature is not None:
+            raise InvalidConfig('diffusion: an environment-state input is not supported')
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.history = self.chunk_inputs = int(cfg.n_obs_steps)
         self.order = list(cfg.image_features)       # how LeRobot stacks the cameras
