@@ -71,10 +71,13 @@ class CapsuleServices:
             session=request.session)))
 
     def restore(self, request, response):
+        kinds = list(request.kinds) or None
+
         def op(p):
             index = p.engine.session(request.session).index
-            self._answer(response, p.engine.restore(request.name, session=index))
-            self._replaced(p, index)
+            self._answer(response, p.engine.restore(request.name, kinds, session=index))
+            if kinds is None:       # a partial restore leaves the rest, a hold included
+                self._replaced(p, index)
         return self._serve(response, op)
 
     def fork(self, request, response):

@@ -38,6 +38,28 @@ def test_node_steps_the_checkpoint_and_restores_mid_chunk(make, folder):
         assert h.steps(obs[STEPS + 2:]) == later
 
 
+def test_restore_of_the_kv_kind_keeps_the_prefix_across_a_restart(make, folder):
+    """~/restore with kinds [kv]: an episode restarted from its start capsule, given back the
+    prefix of its first chunk, skips that chunk's prefix pass with the same actions; an
+    unknown kind is refused and changes nothing."""
+    h = make(_params(folder))
+    obs = vectors(folder, frames(STEPS + 1, seed=4))
+    assert h.call('snapshot', name='start').success
+    first = h.steps(obs[:1])
+    assert h.call('snapshot', name='first').success
+    rest = h.steps(obs[1:])
+    policy = h.node.parts.engine.policy
+    reused = policy.prefix_reused
+    assert h.call('restore', name='start').success
+    answer = h.call('restore', name='first', kinds=['kv'])
+    assert answer.success and 'kv' in answer.message, answer.message
+    assert h.steps(obs) == first + rest
+    assert policy.prefix_reused == reused + 1
+    bad = h.call('restore', name='first', kinds=['weights'])
+    assert not bad.success and 'weights' in bad.message
+    assert h.steps(obs[-1:]) == h.reference(obs + obs[-1:])[-1:]     # the state unmoved
+
+
 @pytest.mark.parametrize('wrong', [dict(obs_dim=OBS_DIM - 1), dict(act_dim=ACT_DIM + 1),
                                    dict(policy_file=''), dict(noise_std=0.1)])
 def test_what_is_not_the_checkpoint_is_refused_at_configure(make, folder, wrong):
