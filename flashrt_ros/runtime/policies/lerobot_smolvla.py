@@ -7,9 +7,15 @@ computed from (prefix_obs, kind 'kv' with the cache), and a chunk whose observat
 bit for bit runs the denoise steps alone against the kept prefix: the same kernels on the same
 bytes as a whole chunk, so the same actions. That happens at an episode start that looks like
 one before it (a simulator reset, whose first observation repeats), after restoring the 'kv'
-buffers of a capsule taken after that start's first chunk: the VLM pass is skipped.'''
+buffers of a capsule taken after that start's first chunk: the VLM pass is skipped.
+
+Both LeRobot cache layouts are served: 0.4's dict of [B, S, H, D] keys and values per layer
+(forward(fill_kv_cache=True)), and 0.6's transformers DynamicCache of [B, H, S, D] (filled when
+forward is given none; the denoise steps append to it and crop it back). The kept prefix is
+stored in the version's layout, so a capsule's schema names it.'''
 
 import contextlib
+import inspect
 
 import torch
 
@@ -34,16 +40,20 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
-        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None):
-            raise InvalidConfig('smolvla: adapt_to_pi_aloha and real-time chunking are not '
-                                'supported yet')
+        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None) \
+                or not cfg.use_cache:
+            raise InvalidConfig('smolvla: adapt_to_pi_aloha, real-time chunking and use_cache '
+                                'false are not supported yet')
+        # LeRobot 0.4: the cache a dict filled on request; 0.6: a DynamicCache
+        self._dict_cache = 'fill_kv_cache' in inspect.signature(
+            lerobot_policy.model.vlm_with_expert.forward).parameters
         self.tokens = int(cfg.tokenizer_max_length)
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
         # the prefix's length and the cache's layout, from one prefix pass on zeros
         kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)),
                                record=True)
-        first = kv[0]['key_states']
+        first = kv[0][0]
         self.layers, self.kv_shape = len(kv), tuple(first.shape)
         self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
         self.vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
@@ -61,8 +71,9 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
             self._rng_spec()]
 
     def _prefix(self, batch, record=False):
-        '''LeRobot's sample_actions up to the filled KV cache: (cache, prefix pad mask).
-        record: with transformers' own patch position ids, recorded (the first pass).'''
+        '''LeRobot's sample_actions up to the filled KV cache: ([(keys, values)] per layer,
+        prefix pad mask). record: with transformers' own patch position ids, recorded (the
+        first pass).'''
         from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
         model = self.lerobot.model
         images, img_masks = self.lerobot.prepare_images(batch)
@@ -70,11 +81,13 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         with self._recorded_positions() if record else self._fixed_positions():
             embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
                                                 state=state)
+        fill = {'fill_kv_cache': True} if self._dict_cache else {}
         _, kv = model.vlm_with_expert.forward(
             attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
-            past_key_values=None, inputs_embeds=[embs, None], use_cache=True,
-            fill_kv_cache=True)
-        return kv, pad
+            past_key_values=None, inputs_embeds=[embs, None], use_cache=True, **fill)
+        if self._dict_cache:
+            return [(kv[i]['key_states'], kv[i]['value_states']) for i in range(len(kv))], pad
+        return [(layer.keys, layer.values) for layer in kv.layers], pad
 
     def check_observation(self, obs):
         '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
@@ -112,16 +125,22 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
     def _chunk(self, batch):
         kv, pad = self._prefix(batch)
         c = self._cache
-        c['prefix_k'].copy_(torch.stack([kv[i]['key_states'] for i in range(self.layers)]))
-        c['prefix_v'].copy_(torch.stack([kv[i]['value_states'] for i in range(self.layers)]))
+        c['prefix_k'].copy_(torch.stack([k for k, _ in kv]))
+        c['prefix_v'].copy_(torch.stack([v for _, v in kv]))
         c['prefix_pad'].copy_(pad)
         return {**self._denoise(), **c}
 
     def _denoise(self):
         '''LeRobot's sample_actions after the prefix pass, against the static prefix.'''
         model, cfg, c = self.lerobot.model, self.lerobot.config, self._cache
-        kv = {i: {'key_states': c['prefix_k'][i], 'value_states': c['prefix_v'][i]}
-              for i in range(self.layers)}
+        if self._dict_cache:
+            kv = {i: {'key_states': c['prefix_k'][i], 'value_states': c['prefix_v'][i]}
+                  for i in range(self.layers)}
+        else:       # filled as the prefix pass fills it: update() copies each layer in
+            from transformers import DynamicCache
+            kv = DynamicCache()
+            for i in range(self.layers):
+                kv.update(c['prefix_k'][i], c['prefix_v'][i], i)
         x = self.noise(self._chunk_rng)
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
