@@ -129,3 +129,9 @@ class ACTConfig(SmolVLAConfig):
 class DiffusionConfig(ACTConfig):
     '''A LeRobot Diffusion Policy checkpoint folder (policy_file): obs_dim and act_dim as
     ACT's (one observation; the policy keeps its own history).'''
+
+
+@dataclass
+class Pi0Config(SmolVLAConfig):
+    '''A LeRobot (>= 0.6) Pi0 checkpoint folder (policy_file): obs_dim and act_dim as
+    SmolVLA's.'''

@@ -25,6 +25,7 @@ class PolicyKind(_StringEnum):
     SMOLVLA = 'smolvla'         # a LeRobot SmolVLA checkpoint: prefix KV cache, action chunk
     ACT = 'act'                 # a LeRobot ACT checkpoint: action chunk
     DIFFUSION = 'diffusion'     # a LeRobot Diffusion Policy checkpoint: history, chunk, rng
+    PI0 = 'pi0'                 # a LeRobot (>= 0.6) Pi0 checkpoint: action chunk, rng
 
 
 class Tier(_StringEnum):

@@ -37,10 +37,10 @@ Not yet (issue 24): real-time chunking.
 
 import torch
 
-from ..errors import InvalidConfig
+from ..errors import InvalidConfig, InvalidObservation
 from ..graph import StepGraph
 from ..state import BufferSpec
-from .base import Policy
+from .base import gaussian_noise, Policy
 from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
 
 
@@ -193,6 +193,41 @@ class LeRobotChunkPolicy(Policy):
         if int(views['left']) != self.steps - 1:
             return None
         return views['queue'].cpu().numpy()
+
+
+class LanguageChunkPolicy(LeRobotChunkPolicy):
+    '''What the flow-matching VLAs (SmolVLA, Pi0) share: the instruction's token ids and
+    attention mask at the end of the observation, checked before anything runs (subclasses
+    set `tokens` and `vocabulary`), and the chunk's starting noise drawn from the session's
+    rng buffer (`noise_shape`).'''
+
+    def check_observation(self, obs):
+        '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
+        tensor, finite) holds token ids the model embeds (integers in [0, vocabulary)) and a
+        mask of 0 and 1: a float there would be truncated to another token without an error.'''
+        obs, vocabulary = torch.as_tensor(obs), self.vocabulary
+        ids, mask = obs[..., -2 * self.tokens:-self.tokens], obs[..., -self.tokens:]
+        if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
+            first = self.obs_dim - 2 * self.tokens
+            raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
+                                     f'{vocabulary}) (observation values {first}..'
+                                     f'{first + self.tokens - 1})')
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the '
+                                     f'last {self.tokens} observation values)')
+
+    def valid_probe(self, obs):
+        '''The engine's determinism probe fills observations with random floats: valid token
+        ids (0) and an attention mask (1) instead, in place.'''
+        obs[..., -2 * self.tokens:-self.tokens] = 0
+        obs[..., -self.tokens:] = 1
+
+    def noise(self, rng=None):
+        '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure
+        function of an rng buffer (seed, counter; default the session's: the next chunk's).'''
+        rng = self.views['rng'] if rng is None else rng
+        n = self.noise_shape[1] * self.noise_shape[2]
+        return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
 
 
 class ACTChunkPolicy(LeRobotChunkPolicy):

@@ -19,15 +19,14 @@ import inspect
 
 import torch
 
-from ..errors import InvalidConfig, InvalidObservation
+from ..errors import InvalidConfig
 from ..graph import StepGraph
 from ..state import BufferSpec
-from .base import gaussian_noise
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_chunk import LeRobotChunkPolicy
+from .lerobot_chunk import LanguageChunkPolicy
 
 
-class SmolVLAChunkPolicy(LeRobotChunkPolicy):
+class SmolVLAChunkPolicy(LanguageChunkPolicy):
     '''A lerobot SmolVLAPolicy: the prefix KV cache of every layer, its pad mask and the
     noise's rng counter are arena state too.'''
 
@@ -88,27 +87,6 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         if self._dict_cache:
             return [(kv[i]['key_states'], kv[i]['value_states']) for i in range(len(kv))], pad
         return [(layer.keys, layer.values) for layer in kv.layers], pad
-
-    def check_observation(self, obs):
-        '''InvalidObservation unless the instruction part of obs ([..., obs_dim], numpy or a
-        tensor, finite) holds token ids the model embeds (integers in [0, vocabulary)) and a
-        mask of 0 and 1: a float there would be truncated to another token without an error.'''
-        obs, vocabulary = torch.as_tensor(obs), self.vocabulary
-        ids, mask = obs[..., -2 * self.tokens:-self.tokens], obs[..., -self.tokens:]
-        if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
-            first = self.obs_dim - 2 * self.tokens
-            raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
-                                     f'{vocabulary}) (observation values {first}..'
-                                     f'{first + self.tokens - 1})')
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the '
-                                     f'last {self.tokens} observation values)')
-
-    def valid_probe(self, obs):
-        '''The engine's determinism probe fills observations with random floats: valid token
-        ids (0) and an attention mask (1) instead, in place.'''
-        obs[..., -2 * self.tokens:-self.tokens] = 0
-        obs[..., -self.tokens:] = 1
 
     def capture(self, enabled):
         '''The whole chunk (LeRobotChunkPolicy.capture) and its denoise steps alone, each a
@@ -172,13 +150,6 @@ class SmolVLAChunkPolicy(LeRobotChunkPolicy):
         v['prefix_obs'].copy_(obs)
         v['prefix_ready'].fill_(1)
         return out
-
-    def noise(self, rng=None):
-        '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure
-        function of an rng buffer (seed, counter; default the session's: the next chunk's).'''
-        rng = self.views['rng'] if rng is None else rng
-        n = self.noise_shape[1] * self.noise_shape[2]
-        return gaussian_noise(rng[0:1], rng[1:2], n).view(self.noise_shape)
 
     def _vision_embeddings(self):
         return self.lerobot.model.vlm_with_expert.get_vlm_model().vision_model.embeddings

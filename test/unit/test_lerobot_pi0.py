@@ -1,0 +1,122 @@
+"""LeRobot's Pi0 on the engine (runtime/policies/lerobot_pi0.py): its actions are LeRobot's own
+(its normaliser, predict_action_chunk with the same noise, its unnormaliser, select_action's
+queue) bit for bit, chunk after chunk; a capsule taken mid-chunk replays the same actions
+across the next chunk, 8 times and in a fresh process. The model is LeRobot's PI0Policy at
+reduced sizes (support/pi0.py). Pi0 needs LeRobot >= 0.6 (Python >= 3.12): CI's Python 3.11
+has LeRobot 0.4.4, so these run under tools/test_lerobot06.sh and on the GPU machine.
+"""
+import json
+import subprocess
+import sys
+from importlib.metadata import version
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip('lerobot.policies.pi0.modeling_pi0', reason='needs lerobot')
+if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
+    pytest.skip(f'Pi0 needs LeRobot >= 0.6 (Python >= 3.12; this has {version("lerobot")}): '
+                'bash tools/test_lerobot06.sh', allow_module_level=True)
+
+from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
+from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
+from flashrt_ros.runtime.policies import gaussian_noise, Pi0ChunkPolicy  # noqa: E402
+from support.pi0 import ACT_DIM, CHUNK, frames, pi0, STEPS, vector  # noqa: E402
+
+SEED = 7
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(scope='module')
+def model():
+    return pi0()
+
+
+def _engine(model, device, tmp_path):
+    policy, stats = model
+    return PolicyEngine(Pi0ChunkPolicy(policy, stats=stats, seed=SEED), device=device,
+                        capsule_dir=str(tmp_path / 'capsules'))
+
+
+def _lerobots(model, device, batch):
+    """LeRobot's pipeline on the frames: a chunk (the engine's noise for it) whenever its
+    queue is empty, then the queue's next action, as select_action does."""
+    from lerobot.processor.factory import make_default_pre_post_processors
+    policy, stats = model
+    policy.config.device = device
+    pre, post = make_default_pre_post_processors(policy.config, stats)
+    out, queue = [], []
+    for t, frame in enumerate(batch):
+        if not queue:
+            noise = gaussian_noise(torch.tensor([SEED], device=device),
+                                   torch.tensor([t // STEPS], device=device),
+                                   CHUNK * 32).view(1, CHUNK, 32)
+            chunk = policy.predict_action_chunk(pre(dict(frame)), noise=noise)[:, :STEPS]
+            queue = list(post(chunk)[0])
+        out.append(queue.pop(0).cpu())
+    return out
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_actions_equal_lerobots_pipeline_chunk_after_chunk(model, tmp_path, device):
+    engine = _engine(model, device, tmp_path)
+    assert engine.policy._chunk_graph.captured == (device == 'cuda')
+    batch = frames(3 * STEPS + 1, engine.policy.vocabulary)
+    got = [engine.step(vector(f)).cpu() for f in batch]
+    want = _lerobots(model, device, batch)
+    assert all(g.shape == (ACT_DIM,) and torch.equal(g, w) for g, w in zip(got, want))
+    assert int(engine.policy.views['rng'][1]) == 4
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_path, device):
+    engine = _engine(model, device, tmp_path)
+    obs = [vector(f) for f in frames(2 * STEPS + 3, engine.policy.vocabulary, seed=1)]
+    for o in obs[:STEPS + 1]:
+        engine.step(o)
+    engine.snapshot('mid')
+    later = obs[STEPS + 1:]       # crosses into the third chunk
+    want = torch.stack([engine.step(o) for o in later])
+    for _ in range(8):
+        engine.restore('mid')
+        assert torch.equal(torch.stack([engine.step(o) for o in later]), want)
+    path = engine.save('mid', str(tmp_path / 'capsules' / 'mid.capsule')).path
+    np.save(tmp_path / 'later.npy', np.stack(later))
+    script = (
+        'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
+        'from test_lerobot_pi0 import _engine\n'
+        'from support.pi0 import pi0\n'
+        'e = _engine(pi0(), %r, pathlib.Path(%r))\n'
+        'e.load(%r, "mid")\n'
+        'e.restore("mid")\n'
+        'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
+        % (sys.path, device, str(tmp_path), path, str(tmp_path / 'later.npy')))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=str(tmp_path), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])),
+                       want.cpu())
+
+
+def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):
+    """Relative actions and real-time chunking change the actions outside the model: refused
+    at construction. A token id outside the vocabulary is refused before the state moves."""
+    policy, stats = model
+    policy.config.use_relative_actions = True
+    try:
+        with pytest.raises(InvalidConfig, match='relative actions'):
+            Pi0ChunkPolicy(policy, stats=stats)
+    finally:
+        policy.config.use_relative_actions = False
+    engine = _engine(model, 'cpu', tmp_path)
+    good = [vector(f) for f in frames(2, engine.policy.vocabulary, seed=2)]
+    engine.step(good[0])
+    engine.snapshot('before')
+    bad = good[1].copy()
+    bad[-2 * engine.policy.tokens] = engine.policy.vocabulary      # one past the last id
+    with pytest.raises(InvalidObservation, match='token ids'):
+        engine.step(bad)
+    twin = _engine(model, 'cpu', tmp_path / 'twin')
+    twin.step(good[0])
+    assert torch.equal(engine.step(good[1]), twin.step(good[1]))
