@@ -1,0 +1,165 @@
+"""LeRobot's Pi0 (LeRobot >= 0.6) on the engine against LeRobot's own predict_action_chunk, at
+its published sizes (PaliGemma 2B + the 300M Gemma action expert, random weights).
+
+    python -m benchmarks.vla_pi0 --device cuda --dtype bfloat16 --commit <sha>
+
+In one interleaved loop, every figure the whole call's host wall time (device synchronised):
+  chunk     a step that computes a chunk, engine (restore the episode start, then the step: one
+            captured graph) vs LeRobot (its normaliser, predict_action_chunk eager with the same
+            noise, its unnormaliser);
+  restore   a mid-chunk capsule restored, then the next action;
+  snapshot  taking that capsule.
+Identity checks (exit 1 on failure): the engine's first chunk equals LeRobot's bit for bit;
+after the restore, the same actions, 8 times.
+"""
+import argparse
+import datetime
+import sys
+import tempfile
+
+import torch
+
+from .environment import device_slug, environment, resolve_device, results_stem
+from .report import checks_and_command, environment_line, log, Report
+from .sections import check, ratio
+from .timing import interleaved
+
+CONFIGS = {'smoke': {'iters': 2, 'warmup': 1}, 'gpu': {'iters': 10, 'warmup': 2}}
+DIM, CAMERAS, SIDE = 14, 3, 224
+
+
+def run(device, dtype, cfg, tmp, checks):
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.pi0.configuration_pi0 import PI0Config
+    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+    from lerobot.processor.factory import make_default_pre_post_processors
+
+    from flashrt_ros.runtime.engine import PolicyEngine
+    from flashrt_ros.runtime.policies import gaussian_noise, Pi0ChunkPolicy
+    cams = [f'observation.images.cam{i}' for i in range(CAMERAS)]
+    config = PI0Config(
+        input_features={'observation.state': PolicyFeature(FeatureType.STATE, (DIM,)),
+                        **{k: PolicyFeature(FeatureType.VISUAL, (3, SIDE, SIDE)) for k in cams}},
+        output_features={'action': PolicyFeature(FeatureType.ACTION, (DIM,))},
+        dtype=dtype, device=str(device))
+    torch.manual_seed(0)
+    with torch.device(device):      # random weights made where they run
+        policy = PI0Policy(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    stats = {k: {'mean': torch.randn(DIM, generator=gen), 'std': torch.rand(DIM, generator=gen)
+                 + 0.5} for k in ('observation.state', 'action')}
+    pre, post = make_default_pre_post_processors(config, stats)
+    engine = PolicyEngine(Pi0ChunkPolicy(policy, stats=stats, seed=5), device=device,
+                          capsule_dir=f'{tmp}/capsules')
+    mine, steps, tokens = engine.policy, config.n_action_steps, config.tokenizer_max_length
+    frames = []
+    for _ in range(2):
+        ids = torch.randint(0, mine.vocabulary, (1, tokens), generator=gen)
+        mask = torch.arange(tokens).view(1, -1) < 20          # a 20-token instruction
+        frames.append({'observation.state': torch.randn(DIM, generator=gen),
+                       **{k: torch.rand(3, SIDE, SIDE, generator=gen) for k in cams},
+                       'observation.language.tokens': ids,
+                       'observation.language.attention_mask': mask})
+    obs = [torch.cat([f['observation.state'], *[f[k].reshape(-1) for k in cams],
+                      f['observation.language.tokens'].reshape(-1).float(),
+                      f['observation.language.attention_mask'].reshape(-1).float()]).numpy()
+           for f in frames]
+    noise = gaussian_noise(torch.tensor([5], device=device), torch.tensor([0], device=device),
+                           config.chunk_size * config.max_action_dim).view(
+        1, config.chunk_size, config.max_action_dim)
+
+    def sync():
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+
+    def lerobot_chunk():
+        out = post(policy.predict_action_chunk(pre(dict(frames[0])), noise=noise)[:, :steps])
+        sync()
+        return out
+
+    engine.snapshot('start')
+    want = lerobot_chunk()[0]
+    got = torch.stack([engine.step(obs[0]).cpu() for _ in range(steps)])
+    check(checks, f'pi0 {dtype}: the engine\'s first chunk equals LeRobot\'s bit for bit '
+          f'({steps} actions; max |diff| {float((got - want).abs().max()):.3g})',
+          torch.equal(got, want))
+    engine.restore('start')
+    engine.step(obs[0])
+    engine.snapshot('mid')
+    after = [engine.step(obs[1]).clone() for _ in range(3)]
+    same = True
+    for _ in range(8):
+        engine.restore('mid')
+        same &= all(torch.equal(engine.step(obs[1]), a) for a in after)
+    check(checks, f'pi0 {dtype}: after a restore, the same actions (8 times)', same)
+
+    def engine_chunk():
+        engine.restore('start')
+        engine.step(obs[0])
+
+    def engine_graph():
+        mine._chunk_graph.replay()
+        sync()
+
+    def engine_pop():
+        engine.restore('mid')
+        engine.step(obs[1])
+
+    walls, _ = interleaved(None, {}, {}, cfg['iters'], cfg['warmup'], walled={
+        'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
+        'engine_chunk_graph': engine_graph, 'engine_restore_and_pop': engine_pop,
+        'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True)})
+    return {'dtype': dtype, **walls, 'capsule_bytes': int(engine.arena.live_nbytes(0)),
+            'params': sum(p.numel() for p in policy.parameters()),
+            'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
+                                                        walls['lerobot_chunk']['p50'])}}
+
+
+def render(results):
+    env, out = results['environment'], []
+    out += [f'# LeRobot Pi0 on the engine vs LeRobot: {env["device_name"]} ({env["mode"]})\n',
+            environment_line(env),
+            f'- PaliGemma 2B + Gemma 300M expert, random weights, {CAMERAS} cameras {SIDE} x '
+            f'{SIDE}, {DIM}-dim state and action, chunk 50, 10 flow-matching steps, batch 1; '
+            'whole call, host wall p50 / p99 in ms (device synchronised); LeRobot eager\n',
+            '| dtype | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
+            'restore + next action | snapshot | capsule bytes |', '|' + ' --- |' * 8]
+    for r in results['sections'].get('rows', []):
+        def ms(key):
+            return f'{r[key]["p50"] / 1e3:.1f} / {r[key]["p99"] / 1e3:.1f}'
+        out.append(f'| {r["dtype"]} | {r["params"] / 1e9:.2f} B | {ms("lerobot_chunk")} | '
+                   f'{ms("engine_chunk")} ({r["ratios"]["engine_chunk_vs_lerobot"]:.2f}x) | '
+                   f'{ms("engine_chunk_graph")} | {ms("engine_restore_and_pop")} | '
+                   f'{ms("engine_snapshot")} | {r["capsule_bytes"]:,} |')
+    return '\n'.join(out + checks_and_command(results)) + '\n'
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--smoke', action='store_true')
+    ap.add_argument('--device', default='cuda')
+    ap.add_argument('--dtype', default='bfloat16', help="comma list of 'bfloat16', 'float32'")
+    ap.add_argument('--out', default='')
+    ap.add_argument('--commit', default='')
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    mode = 'smoke' if args.smoke else 'gpu'
+    env = environment(device, f'vla-pi0-{mode}', args.commit)
+    stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-vla-pi0'
+    report = Report(results_stem(args.out, stem), env, CONFIGS[mode], render_md=render)
+    report.results['command'] = 'python -m benchmarks.vla_pi0 ' + ' '.join(
+        sys.argv[1:] if argv is None else argv)
+    report.results['sections'] = {'rows': []}
+    for dtype in args.dtype.split(','):
+        with tempfile.TemporaryDirectory(prefix='frt-pi0-') as tmp:
+            report.results['sections']['rows'].append(
+                run(device, dtype, CONFIGS[mode], tmp, report.results['checks']))
+        report.write()
+        torch.cuda.empty_cache() if device.type == 'cuda' else None
+        log(f'  pi0 {dtype} done')
+    log(render(report.results))
+    return 1 if any(not c['passed'] for c in report.results['checks']) else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
