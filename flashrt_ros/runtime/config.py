@@ -135,3 +135,9 @@ class DiffusionConfig(ACTConfig):
 class Pi0Config(SmolVLAConfig):
     '''A LeRobot (>= 0.6) Pi0 checkpoint folder (policy_file): obs_dim and act_dim as
     SmolVLA's.'''
+
+
+@dataclass
+class Pi05Config(Pi0Config):
+    '''A LeRobot (>= 0.6) Pi0.5 checkpoint folder (policy_file): as Pi0's; the instruction's
+    tokens hold the state too (runtime/policies/lerobot_pi0.py).'''

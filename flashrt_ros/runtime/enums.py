@@ -26,6 +26,7 @@ class PolicyKind(_StringEnum):
     ACT = 'act'                 # a LeRobot ACT checkpoint: action chunk
     DIFFUSION = 'diffusion'     # a LeRobot Diffusion Policy checkpoint: history, chunk, rng
     PI0 = 'pi0'                 # a LeRobot (>= 0.6) Pi0 checkpoint: action chunk, rng
+    PI05 = 'pi05'               # a LeRobot (>= 0.6) Pi0.5 checkpoint: action chunk, rng
 
 
 class Tier(_StringEnum):

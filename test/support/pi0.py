@@ -1,4 +1,5 @@
-"""A small LeRobot Pi0 (LeRobot >= 0.6) for tests: LeRobot's own PI0Policy modules, built with
+"""A small LeRobot Pi0 or Pi0.5 (LeRobot >= 0.6) for tests: LeRobot's own PI0Policy /
+PI05Policy modules, built with
 seeded random weights at reduced depth and width. LeRobot offers only its two Gemma variants
 (2B and 300M, about 4 B parameters together: 16 GB and minutes to build on a CPU) and
 hard-codes the PaliGemma it wraps, so the sizes are changed where LeRobot reads them: its
@@ -17,35 +18,45 @@ CHUNK, STEPS = 8, 3         # chunk_size, n_action_steps
 
 @contextlib.contextmanager
 def _small_sizes():
-    from lerobot.policies.pi0 import modeling_pi0 as m
+    from lerobot.policies.pi0 import modeling_pi0
+    from lerobot.policies.pi05 import modeling_pi05
     from transformers import CONFIG_MAPPING
-    real_gemma, real_paligemma = m.get_gemma_config, CONFIG_MAPPING['paligemma']
+    modules = (modeling_pi0, modeling_pi05)
+    real_gemma = [m.get_gemma_config for m in modules]
+    real_paligemma = CONFIG_MAPPING['paligemma']
 
     def gemma(variant):     # the VLM stays 2,048 wide: the projector's width
-        return m.GemmaConfig(width=2048 if variant == 'gemma_2b' else 64, depth=2, mlp_dim=64,
-                             num_heads=2, num_kv_heads=1, head_dim=32)
+        return modeling_pi0.GemmaConfig(width=2048 if variant == 'gemma_2b' else 64, depth=2,
+                                        mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=32)
 
     def paligemma(**kwargs):
         config = real_paligemma(**kwargs)
         vision = config.vision_config
         vision.num_hidden_layers, vision.hidden_size, vision.num_attention_heads = 1, 64, 2
         return config
-    m.get_gemma_config = gemma
+    for m in modules:
+        m.get_gemma_config = gemma
     CONFIG_MAPPING.register('paligemma', paligemma, exist_ok=True)
     try:
         yield
     finally:
-        m.get_gemma_config = real_gemma
+        for m, real in zip(modules, real_gemma):
+            m.get_gemma_config = real
         CONFIG_MAPPING.register('paligemma', real_paligemma, exist_ok=True)
 
 
-def pi0(seed=0, **options):
-    """(PI0Policy in eval mode on the CPU, its statistics): random weights from
+def pi0(seed=0, kind='pi0', **options):
+    """(PI0Policy, or PI05Policy for kind 'pi05', in eval mode on the CPU, its statistics:
+    mean / std for Pi0, quantiles for Pi0.5 as their configs ask): random weights from
     torch.manual_seed(seed) (the global generator is left as it was)."""
     from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi0.configuration_pi0 import PI0Config
-    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
-    config = PI0Config(
+    if kind == 'pi05':
+        from lerobot.policies.pi05.configuration_pi05 import PI05Config as Config
+        from lerobot.policies.pi05.modeling_pi05 import PI05Policy as Policy
+    else:
+        from lerobot.policies.pi0.configuration_pi0 import PI0Config as Config
+        from lerobot.policies.pi0.modeling_pi0 import PI0Policy as Policy
+    config = Config(
         input_features={'observation.state': PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
                         CAMERA: PolicyFeature(FeatureType.VISUAL, IMAGE)},
         output_features={'action': PolicyFeature(FeatureType.ACTION, (ACT_DIM,))},
@@ -53,12 +64,13 @@ def pi0(seed=0, **options):
         **options)
     with torch.random.fork_rng(), _small_sizes():
         torch.manual_seed(seed)
-        policy = PI0Policy(config).eval()
+        policy = Policy(config).eval()
     gen = torch.Generator().manual_seed(seed + 1)
-    stats = {'observation.state': {'mean': torch.randn(STATE_DIM, generator=gen),
-                                   'std': torch.rand(STATE_DIM, generator=gen) + 0.5},
-             'action': {'mean': torch.randn(ACT_DIM, generator=gen),
-                        'std': torch.rand(ACT_DIM, generator=gen) + 0.5}}
+    stats = {}
+    for key, dim in (('observation.state', STATE_DIM), ('action', ACT_DIM)):
+        low, span = torch.randn(dim, generator=gen), torch.rand(dim, generator=gen) + 0.5
+        stats[key] = {'q01': low, 'q99': low + span} if kind == 'pi05' else \
+            {'mean': low, 'std': span}
     return policy, stats
 
 

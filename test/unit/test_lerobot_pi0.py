@@ -1,4 +1,5 @@
-"""LeRobot's Pi0 on the engine (runtime/policies/lerobot_pi0.py): its actions are LeRobot's own
+"""LeRobot's Pi0 and Pi0.5 on the engine (runtime/policies/lerobot_pi0.py): their actions are
+LeRobot's own
 (its normaliser, predict_action_chunk with the same noise, its unnormaliser, select_action's
 queue) bit for bit, chunk after chunk; a capsule taken mid-chunk replays the same actions
 across the next chunk, 8 times and in a fresh process. The model is LeRobot's PI0Policy at
@@ -21,21 +22,25 @@ if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
 
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
-from flashrt_ros.runtime.policies import gaussian_noise, Pi0ChunkPolicy  # noqa: E402
+from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
 from support.pi0 import ACT_DIM, CHUNK, frames, pi0, STEPS, vector  # noqa: E402
 
 SEED = 7
 DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
 
 
-@pytest.fixture(scope='module')
-def model():
-    return pi0()
+CLASSES = {'pi0': Pi0ChunkPolicy, 'pi05': Pi05ChunkPolicy}
+
+
+@pytest.fixture(scope='module', params=sorted(CLASSES))
+def model(request):
+    return pi0(kind=request.param)
 
 
 def _engine(model, device, tmp_path):
     policy, stats = model
-    return PolicyEngine(Pi0ChunkPolicy(policy, stats=stats, seed=SEED), device=device,
+    cls = CLASSES[policy.config.type]
+    return PolicyEngine(cls(policy, stats=stats, seed=SEED), device=device,
                         capsule_dir=str(tmp_path / 'capsules'))
 
 
@@ -87,11 +92,12 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_pat
         'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
         'from test_lerobot_pi0 import _engine\n'
         'from support.pi0 import pi0\n'
-        'e = _engine(pi0(), %r, pathlib.Path(%r))\n'
+        'e = _engine(pi0(kind=%r), %r, pathlib.Path(%r))\n'
         'e.load(%r, "mid")\n'
         'e.restore("mid")\n'
         'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
-        % (sys.path, device, str(tmp_path), path, str(tmp_path / 'later.npy')))
+        % (sys.path, model[0].config.type, device, str(tmp_path), path,
+           str(tmp_path / 'later.npy')))
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
                          cwd=str(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -106,7 +112,7 @@ def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):
     policy.config.use_relative_actions = True
     try:
         with pytest.raises(InvalidConfig, match='relative actions'):
-            Pi0ChunkPolicy(policy, stats=stats)
+            CLASSES[policy.config.type](policy, stats=stats)
     finally:
         policy.config.use_relative_actions = False
     engine = _engine(model, 'cpu', tmp_path)

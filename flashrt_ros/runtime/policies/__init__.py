@@ -6,8 +6,8 @@ KINDS. make_policy() builds any kind from keyword arguments; build_policy() from
 
 import torch
 
-from ..config import ACTConfig, DiffusionConfig, HistoryConfig, MLPConfig, Pi0Config, \
-    RecurrentConfig, SmolVLAConfig
+from ..config import ACTConfig, DiffusionConfig, HistoryConfig, MLPConfig, Pi05Config, \
+    Pi0Config, RecurrentConfig, SmolVLAConfig
 from ..enums import PolicyKind
 from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
@@ -15,7 +15,7 @@ from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
 from .lerobot_chunk import ACTChunkPolicy
 from .lerobot_diffusion import DiffusionChunkPolicy
-from .lerobot_pi0 import Pi0ChunkPolicy
+from .lerobot_pi0 import Pi05ChunkPolicy, Pi0ChunkPolicy
 from .lerobot_smolvla import SmolVLAChunkPolicy
 from .loaders import from_file, weights
 from .recurrent import RecurrentPolicy
@@ -30,14 +30,16 @@ KINDS = {
     PolicyKind.ACT: (ACTChunkPolicy, ACTConfig),
     PolicyKind.DIFFUSION: (DiffusionChunkPolicy, DiffusionConfig),
     PolicyKind.PI0: (Pi0ChunkPolicy, Pi0Config),
+    PolicyKind.PI05: (Pi05ChunkPolicy, Pi05Config),
 }
 LEROBOT_KINDS = (PolicyKind.SMOLVLA, PolicyKind.ACT,      # policy_file: a checkpoint folder
-                 PolicyKind.DIFFUSION, PolicyKind.PI0)
+                 PolicyKind.DIFFUSION, PolicyKind.PI0, PolicyKind.PI05)
 
 __all__ = ['ACTChunkPolicy', 'ACTIVATIONS', 'build_policy', 'DiffusionChunkPolicy',
            'FeedForwardPolicy',
            'gaussian_noise', 'HistoryPolicy', 'KINDS', 'LEROBOT_KINDS', 'linear_scan',
-           'make_policy', 'ObservationHistory', 'Pi0ChunkPolicy', 'Policy', 'RecurrentPolicy',
+           'make_policy', 'ObservationHistory', 'Pi05ChunkPolicy', 'Pi0ChunkPolicy',
+           'Policy', 'RecurrentPolicy',
            'ScriptedPolicy',
            'SmolVLAChunkPolicy', 'TermHistory']
 

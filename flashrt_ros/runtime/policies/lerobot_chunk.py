@@ -44,6 +44,10 @@ from .base import gaussian_noise, Policy
 from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
 
 
+# LeRobot's quantile normalisations (Pi0.5's default): mode -> the statistics that bound [-1, 1]
+QUANTILES = {'quantiles': ('q01', 'q99'), 'quantile10': ('q10', 'q90')}
+
+
 class LeRobotChunkPolicy(Policy):
     '''What LeRobot's chunk policies share: the observation vector's layout (state, cameras,
     and for a language policy the instruction's tokens), normalisation with the checkpoint's
@@ -149,6 +153,11 @@ class LeRobotChunkPolicy(Policy):
             span = high - low
             span = torch.where(span == 0, torch.tensor(eps, device=x.device), span)
             return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
+        if mode in QUANTILES:
+            low, high = (getattr(self, f'{prefix}_{n}') for n in QUANTILES[mode])
+            span = high - low
+            span = torch.where(span == 0, torch.tensor(eps, device=x.device), span)
+            return (x + 1.0) * span / 2.0 + low if inverse else 2.0 * (x - low) / span - 1.0
         return x
 
     def capture(self, enabled):
@@ -301,11 +310,12 @@ def _statistics(kind, cfg, key, feature_type, stats):
                                          NormalizationMode.IDENTITY)
     if mode == NormalizationMode.IDENTITY:
         return 'identity', {}
-    if mode not in (NormalizationMode.MEAN_STD, NormalizationMode.MIN_MAX):
+    names = {'mean_std': ('mean', 'std'), 'min_max': ('min', 'max'),
+             **QUANTILES}.get(mode.value.lower())
+    if names is None:
         raise InvalidConfig(f'{kind}: normalisation {mode.value} of {key!r} is not supported '
                             'yet')
     have = (stats or {}).get(key)
-    names = ('mean', 'std') if mode == NormalizationMode.MEAN_STD else ('min', 'max')
     if have is None or any(n not in have for n in names):
         raise InvalidConfig(f'{kind}: the config normalises {key!r} ({mode.value}) and no '
                             f'{"/".join(names)} statistics were given (load the checkpoint '
