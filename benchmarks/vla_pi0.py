@@ -1,7 +1,8 @@
-"""LeRobot's Pi0 (LeRobot >= 0.6) on the engine against LeRobot's own predict_action_chunk, at
-its published sizes (PaliGemma 2B + the 300M Gemma action expert, random weights).
+"""LeRobot's Pi0 and Pi0.5 (LeRobot >= 0.6) on the engine against LeRobot's own
+predict_action_chunk, at their published sizes (PaliGemma 2B + the 300M Gemma action expert,
+random weights; their default instruction lengths, 48 and 200 tokens).
 
-    python -m benchmarks.vla_pi0 --device cuda --dtype bfloat16 --commit <sha>
+    python -m benchmarks.vla_pi0 --device cuda --kinds pi0,pi05 --dtype bfloat16 --commit <sha>
 
 In one interleaved loop, every figure the whole call's host wall time (device synchronised):
   chunk     a step that computes a chunk, engine (restore the episode start, then the step: one
@@ -28,28 +29,31 @@ CONFIGS = {'smoke': {'iters': 2, 'warmup': 1}, 'gpu': {'iters': 10, 'warmup': 2}
 DIM, CAMERAS, SIDE = 14, 3, 224
 
 
-def run(device, dtype, cfg, tmp, checks):
+def run(device, kind, dtype, cfg, tmp, checks):
     from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi0.configuration_pi0 import PI0Config
-    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+    from lerobot.policies.factory import get_policy_class, make_policy_config
     from lerobot.processor.factory import make_default_pre_post_processors
 
     from flashrt_ros.runtime.engine import PolicyEngine
-    from flashrt_ros.runtime.policies import gaussian_noise, Pi0ChunkPolicy
+    from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy
     cams = [f'observation.images.cam{i}' for i in range(CAMERAS)]
-    config = PI0Config(
+    config = make_policy_config(
+        kind,
         input_features={'observation.state': PolicyFeature(FeatureType.STATE, (DIM,)),
                         **{k: PolicyFeature(FeatureType.VISUAL, (3, SIDE, SIDE)) for k in cams}},
         output_features={'action': PolicyFeature(FeatureType.ACTION, (DIM,))},
         dtype=dtype, device=str(device))
     torch.manual_seed(0)
     with torch.device(device):      # random weights made where they run
-        policy = PI0Policy(config).eval()
+        policy = get_policy_class(kind)(config).eval()
     gen = torch.Generator().manual_seed(1)
-    stats = {k: {'mean': torch.randn(DIM, generator=gen), 'std': torch.rand(DIM, generator=gen)
-                 + 0.5} for k in ('observation.state', 'action')}
+    stats = {}
+    for key in ('observation.state', 'action'):
+        low, span = torch.randn(DIM, generator=gen), torch.rand(DIM, generator=gen) + 0.5
+        stats[key] = {'mean': low, 'std': span, 'q01': low, 'q99': low + span}
     pre, post = make_default_pre_post_processors(config, stats)
-    engine = PolicyEngine(Pi0ChunkPolicy(policy, stats=stats, seed=5), device=device,
+    ours = Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy
+    engine = PolicyEngine(ours(policy, stats=stats, seed=5), device=device,
                           capsule_dir=f'{tmp}/capsules')
     mine, steps, tokens = engine.policy, config.n_action_steps, config.tokenizer_max_length
     frames = []
@@ -80,7 +84,8 @@ def run(device, dtype, cfg, tmp, checks):
     engine.snapshot('start')
     want = lerobot_chunk()[0]
     got = torch.stack([engine.step(obs[0]).cpu() for _ in range(steps)])
-    check(checks, f'pi0 {dtype}: the engine\'s first chunk equals LeRobot\'s bit for bit '
+    name = f'{kind} {dtype} ({tokens} tokens)'
+    check(checks, f'{name}: the engine\'s first chunk equals LeRobot\'s bit for bit '
           f'({steps} actions; max |diff| {float((got - want).abs().max()):.3g})',
           torch.equal(got, want))
     engine.restore('start')
@@ -91,7 +96,7 @@ def run(device, dtype, cfg, tmp, checks):
     for _ in range(8):
         engine.restore('mid')
         same &= all(torch.equal(engine.step(obs[1]), a) for a in after)
-    check(checks, f'pi0 {dtype}: after a restore, the same actions (8 times)', same)
+    check(checks, f'{name}: after a restore, the same actions (8 times)', same)
 
     def engine_chunk():
         engine.restore('start')
@@ -109,7 +114,7 @@ def run(device, dtype, cfg, tmp, checks):
         'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
         'engine_chunk_graph': engine_graph, 'engine_restore_and_pop': engine_pop,
         'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True)})
-    return {'dtype': dtype, **walls, 'capsule_bytes': int(engine.arena.live_nbytes(0)),
+    return {'policy': name, **walls, 'capsule_bytes': int(engine.arena.live_nbytes(0)),
             'params': sum(p.numel() for p in policy.parameters()),
             'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
                                                         walls['lerobot_chunk']['p50'])}}
@@ -117,17 +122,17 @@ def run(device, dtype, cfg, tmp, checks):
 
 def render(results):
     env, out = results['environment'], []
-    out += [f'# LeRobot Pi0 on the engine vs LeRobot: {env["device_name"]} ({env["mode"]})\n',
-            environment_line(env),
+    out += [f'# LeRobot Pi0 / Pi0.5 on the engine vs LeRobot: {env["device_name"]} '
+            f'({env["mode"]})\n', environment_line(env),
             f'- PaliGemma 2B + Gemma 300M expert, random weights, {CAMERAS} cameras {SIDE} x '
             f'{SIDE}, {DIM}-dim state and action, chunk 50, 10 flow-matching steps, batch 1; '
             'whole call, host wall p50 / p99 in ms (device synchronised); LeRobot eager\n',
-            '| dtype | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
+            '| policy | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
             'restore + next action | snapshot | capsule bytes |', '|' + ' --- |' * 8]
     for r in results['sections'].get('rows', []):
         def ms(key):
             return f'{r[key]["p50"] / 1e3:.1f} / {r[key]["p99"] / 1e3:.1f}'
-        out.append(f'| {r["dtype"]} | {r["params"] / 1e9:.2f} B | {ms("lerobot_chunk")} | '
+        out.append(f'| {r["policy"]} | {r["params"] / 1e9:.2f} B | {ms("lerobot_chunk")} | '
                    f'{ms("engine_chunk")} ({r["ratios"]["engine_chunk_vs_lerobot"]:.2f}x) | '
                    f'{ms("engine_chunk_graph")} | {ms("engine_restore_and_pop")} | '
                    f'{ms("engine_snapshot")} | {r["capsule_bytes"]:,} |')
@@ -138,6 +143,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--smoke', action='store_true')
     ap.add_argument('--device', default='cuda')
+    ap.add_argument('--kinds', default='pi0', help="comma list of 'pi0', 'pi05'")
     ap.add_argument('--dtype', default='bfloat16', help="comma list of 'bfloat16', 'float32'")
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
@@ -150,13 +156,15 @@ def main(argv=None):
     report.results['command'] = 'python -m benchmarks.vla_pi0 ' + ' '.join(
         sys.argv[1:] if argv is None else argv)
     report.results['sections'] = {'rows': []}
-    for dtype in args.dtype.split(','):
-        with tempfile.TemporaryDirectory(prefix='frt-pi0-') as tmp:
-            report.results['sections']['rows'].append(
-                run(device, dtype, CONFIGS[mode], tmp, report.results['checks']))
-        report.write()
-        torch.cuda.empty_cache() if device.type == 'cuda' else None
-        log(f'  pi0 {dtype} done')
+    for kind in args.kinds.split(','):
+        for dtype in args.dtype.split(','):
+            with tempfile.TemporaryDirectory(prefix='frt-pi0-') as tmp:
+                report.results['sections']['rows'].append(
+                    run(device, kind, dtype, CONFIGS[mode], tmp, report.results['checks']))
+            report.write()
+            if device.type == 'cuda':
+                torch.cuda.empty_cache()
+            log(f'  {kind} {dtype} done')
     log(render(report.results))
     return 1 if any(not c['passed'] for c in report.results['checks']) else 0
 
