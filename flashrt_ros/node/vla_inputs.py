@@ -56,6 +56,12 @@ class VLAInputs(Node):
             ('joint_state_topic', '/joint_states'), ('instruction', ''))}
         from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
         self.cameras, self.tokens, self._tokenize = checkpoint_inputs(p['checkpoint'])
+        if self._tokenize is not None and self._tokenize.state_in_prompt:
+            # tokens made once per instruction would carry no state, or a stale one: every
+            # action would be wrong without an error
+            raise ValueError('vla_inputs does not pack Pi0.5 observations yet: its prompt '
+                             'holds the state, so the checkpoint\'s pre-processor must run on '
+                             'every observation')
         topics = dict(t.split('=', 1) for t in p['camera_topics'] if t)
         missing = sorted(set(self.cameras) - set(topics))
         if missing:

@@ -46,4 +46,7 @@ def checkpoint_inputs(folder):
         out = pre({**blank, 'task': text})
         return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
                 out[MASK].reshape(-1).to(torch.float32).numpy())
+    # Pi0.5's pre-processor writes the (discretised) state into the prompt: its tokens are
+    # those of one observation, not of the instruction alone
+    tokenize.state_in_prompt = config.type == 'pi05'
     return cameras, tokens, tokenize if tokens else None
