@@ -1,5 +1,6 @@
 """benchmarks/vla.py --smoke: runs, writes its report, and its identity checks hold (the
-engine equals LeRobot's pipeline; a restore replays the same actions)."""
+engine equals LeRobot's pipeline; a restore replays the same actions; a restarted episode with
+its first prefix kept gives the same first action without the prefix pass)."""
 import json
 import pathlib
 import subprocess
@@ -21,8 +22,10 @@ def test_vla_benchmark_smoke_run(tmp_path):
     data = json.loads(out.with_suffix('.json').read_text())
     assert data['environment']['git_commit'] == 'cafe123'
     (row,) = data['sections']['rows']
-    for key in ('lerobot_chunk', 'engine_chunk', 'engine_restore_and_pop', 'engine_snapshot'):
+    for key in ('lerobot_chunk', 'engine_chunk', 'engine_restore_and_pop', 'engine_snapshot',
+                'engine_chunk_kept_prefix'):
         assert row[key]['n'] == 3 and row[key]['p50'] > 0, key
     assert row['capsule_bytes'] > 0 and row['ratios']['chunk_vs_restore_and_pop'] > 0
-    assert [c['passed'] for c in data['checks']] == [True, True]
-    assert 'Identity checks: 2 / 2' in out.with_suffix('.md').read_text()
+    assert row['ratios']['chunk_vs_kept_prefix'] > 0
+    assert [c['passed'] for c in data['checks']] == [True, True, True]
+    assert 'Identity checks: 3 / 3' in out.with_suffix('.md').read_text()
