@@ -1,9 +1,8 @@
-"""A small LeRobot Pi0 or Pi0.5 (LeRobot >= 0.6) for tests: LeRobot's own PI0Policy /
-PI05Policy modules, built with
-seeded random weights at reduced depth and width. LeRobot offers only its two Gemma variants
-(2B and 300M, about 4 B parameters together: 16 GB and minutes to build on a CPU) and
-hard-codes the PaliGemma it wraps, so the sizes are changed where LeRobot reads them: its
-get_gemma_config, and the SigLIP config transformers hands it. The projector's 2048 outputs
+"""A small LeRobot Pi0 or Pi0.5 (LeRobot >= 0.6) for tests: LeRobot's own PI0Policy / PI05Policy
+modules, built with seeded random weights at reduced depth and width. LeRobot offers only its
+two Gemma variants (2B and 300M, about 4 B parameters together: 16 GB and minutes to build on a
+CPU) and hard-codes the PaliGemma it wraps, so the sizes are changed where LeRobot reads them:
+its get_gemma_config, and the SigLIP config transformers hands it. The projector's 2048 outputs
 and the 257,152-token vocabulary stay as LeRobot sets them."""
 import contextlib
 

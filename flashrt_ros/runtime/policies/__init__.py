@@ -36,11 +36,9 @@ LEROBOT_KINDS = (PolicyKind.SMOLVLA, PolicyKind.ACT,      # policy_file: a check
                  PolicyKind.DIFFUSION, PolicyKind.PI0, PolicyKind.PI05)
 
 __all__ = ['ACTChunkPolicy', 'ACTIVATIONS', 'build_policy', 'DiffusionChunkPolicy',
-           'FeedForwardPolicy',
-           'gaussian_noise', 'HistoryPolicy', 'KINDS', 'LEROBOT_KINDS', 'linear_scan',
-           'make_policy', 'ObservationHistory', 'Pi05ChunkPolicy', 'Pi0ChunkPolicy',
-           'Policy', 'RecurrentPolicy',
-           'ScriptedPolicy',
+           'FeedForwardPolicy', 'gaussian_noise', 'HistoryPolicy', 'KINDS', 'LEROBOT_KINDS',
+           'linear_scan', 'make_policy', 'ObservationHistory', 'Pi05ChunkPolicy',
+           'Pi0ChunkPolicy', 'Policy', 'RecurrentPolicy', 'ScriptedPolicy',
            'SmolVLAChunkPolicy', 'TermHistory']
 
 

@@ -44,8 +44,9 @@ from .base import gaussian_noise, Policy
 from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
 
 
-# LeRobot's quantile normalisations (Pi0.5's default): mode -> the statistics that bound [-1, 1]
-QUANTILES = {'quantiles': ('q01', 'q99'), 'quantile10': ('q10', 'q90')}
+# LeRobot's normalisations onto [-1, 1] (the quantile ones Pi0.5's default): mode -> the
+# statistics that bound it
+BOUNDS = {'min_max': ('min', 'max'), 'quantiles': ('q01', 'q99'), 'quantile10': ('q10', 'q90')}
 
 
 class LeRobotChunkPolicy(Policy):
@@ -148,15 +149,12 @@ class LeRobotChunkPolicy(Policy):
         if mode == 'mean_std':
             mean, std = getattr(self, prefix + '_mean'), getattr(self, prefix + '_std')
             return x * std + mean if inverse else (x - mean) / (std + eps)
-        if mode == 'min_max':
-            low, high = getattr(self, prefix + '_min'), getattr(self, prefix + '_max')
+        if mode in BOUNDS:
+            low, high = (getattr(self, f'{prefix}_{n}') for n in BOUNDS[mode])
             span = high - low
             span = torch.where(span == 0, torch.tensor(eps, device=x.device), span)
-            return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
-        if mode in QUANTILES:
-            low, high = (getattr(self, f'{prefix}_{n}') for n in QUANTILES[mode])
-            span = high - low
-            span = torch.where(span == 0, torch.tensor(eps, device=x.device), span)
+            if mode == 'min_max':   # LeRobot orders the two formulas' operations differently
+                return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
             return (x + 1.0) * span / 2.0 + low if inverse else 2.0 * (x - low) / span - 1.0
         return x
 
@@ -178,13 +176,18 @@ class LeRobotChunkPolicy(Policy):
         if self._chunk_graph is None:
             self.capture(False)
         self._chunk_obs.copy_(obs)
+        self._run(self._chunk_graph)
+        return self._chunk_out
+
+    def _run(self, graph):
+        '''Replay graph with the session's rng counter, then advance it (the next chunk's
+        noise).'''
         rng = self.views.get('rng')
         if rng is not None:
             self._chunk_rng.copy_(rng)
-        self._chunk_graph.replay()
+        graph.replay()
         if rng is not None:
             rng[1:2].add_(1)
-        return self._chunk_out
 
     @torch.no_grad()
     def step(self, obs, action):
@@ -310,8 +313,7 @@ def _statistics(kind, cfg, key, feature_type, stats):
                                          NormalizationMode.IDENTITY)
     if mode == NormalizationMode.IDENTITY:
         return 'identity', {}
-    names = {'mean_std': ('mean', 'std'), 'min_max': ('min', 'max'),
-             **QUANTILES}.get(mode.value.lower())
+    names = {'mean_std': ('mean', 'std'), **BOUNDS}.get(mode.value.lower())
     if names is None:
         raise InvalidConfig(f'{kind}: normalisation {mode.value} of {key!r} is not supported '
                             'yet')

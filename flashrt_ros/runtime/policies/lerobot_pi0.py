@@ -16,7 +16,8 @@ Pi0.5 (Pi05ChunkPolicy) differs in its inputs: its pre-processor writes the stat
 normalised (quantiles by default) and discretised into 256 bins, into the prompt before
 tokenizing, and the model reads no other state. So the token ids of its observation change
 with the state and must come from the checkpoint's pre-processor run on that observation
-(vla_inputs does); the state part of the vector is normalised and otherwise unused.
+(vla_inputs does not do that yet and refuses a Pi0.5 checkpoint); the state part of the vector
+is normalised and otherwise unused.
 
 LeRobot 0.4's Pi0 and Pi0.5 need a transformers fork that is not on PyPI and are refused; so
 are real-time chunking and relative actions (not yet).
@@ -34,6 +35,7 @@ class Pi0ChunkPolicy(LanguageChunkPolicy):
     are the arena state.'''
 
     kind = 'pi0'
+    state_input = True      # sample_actions takes the padded state (Pi0.5's does not)
     computation = ('paligemma_variant', 'action_expert_variant', 'dtype', 'chunk_size',
                    'max_state_dim', 'max_action_dim', 'num_inference_steps', 'min_period',
                    'max_period', 'image_resolution', 'empty_cameras')
@@ -62,7 +64,7 @@ class Pi0ChunkPolicy(LanguageChunkPolicy):
         first n_action_steps, unnormalised.'''
         lerobot = self.lerobot
         images, img_masks = lerobot._preprocess_images(batch)
-        state = () if self.kind == 'pi05' else (lerobot.prepare_state(batch),)
+        state = (lerobot.prepare_state(batch),) if self.state_input else ()
         actions = lerobot.model.sample_actions(images, img_masks, batch[TOKENS], batch[MASK],
                                                *state, noise=self.noise(self._chunk_rng))
         return {'queue': self._normalised('action', actions[0, :self.steps, :self.act_dim],
@@ -74,3 +76,4 @@ class Pi05ChunkPolicy(Pi0ChunkPolicy):
     tokens (the module's note says what that asks of the observation).'''
 
     kind = 'pi05'
+    state_input = False

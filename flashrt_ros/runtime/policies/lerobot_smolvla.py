@@ -141,9 +141,7 @@ class SmolVLAChunkPolicy(LanguageChunkPolicy):
         if bool(same & (v['prefix_ready'] == 1).all()):
             for name, buffer in self._cache.items():
                 buffer.copy_(v[name])
-            self._chunk_rng.copy_(v['rng'])
-            self._denoise_graph.replay()
-            v['rng'][1:2].add_(1)
+            self._run(self._denoise_graph)
             self.prefix_reused += 1
             return self._denoise_out
         out = super()._replay(obs)
