@@ -9,9 +9,13 @@ In one interleaved loop, every figure the whole call's host wall time (device sy
             captured graph) vs LeRobot (its normaliser, predict_action_chunk eager with the same
             noise, its unnormaliser);
   restore   a mid-chunk capsule restored, then the next action;
-  snapshot  taking that capsule.
+  snapshot  taking that capsule (its bytes: the chunk, the last prefix's KV cache, the rng);
+  kept      an episode restarted (its start capsule) with the 'kv' buffers of a capsule taken
+            after its first chunk, then that first step again on the same observation: the
+            denoising steps alone (lerobot_prefix.py), against `chunk`.
 Identity checks (exit 1 on failure): the engine's first chunk equals LeRobot's bit for bit;
-after the restore, the same actions, 8 times.
+after the restore, the same actions, 8 times; with the prefix kept, the same first action
+without the prefix pass, 8 times.
 """
 import argparse
 import datetime
@@ -98,6 +102,19 @@ def run(device, kind, dtype, cfg, tmp, checks):
         same &= all(torch.equal(engine.step(obs[1]), a) for a in after)
     check(checks, f'{name}: after a restore, the same actions (8 times)', same)
 
+    engine.restore('start')
+    first = engine.step(obs[0]).clone()
+    engine.snapshot('first')
+
+    def engine_kept_prefix():
+        engine.restore('start')
+        engine.restore('first', kinds=['kv'])
+        return engine.step(obs[0])
+    reused = mine.prefix_reused
+    same = all(torch.equal(engine_kept_prefix(), first) for _ in range(8))
+    check(checks, f'{name}: restarted with the first chunk\'s prefix kept, the same first '
+          'action without the prefix pass (8 times)', same and mine.prefix_reused == reused + 8)
+
     def engine_chunk():
         engine.restore('start')
         engine.step(obs[0])
@@ -113,11 +130,14 @@ def run(device, kind, dtype, cfg, tmp, checks):
     walls, _ = interleaved(None, {}, {}, cfg['iters'], cfg['warmup'], walled={
         'lerobot_chunk': lerobot_chunk, 'engine_chunk': engine_chunk,
         'engine_chunk_graph': engine_graph, 'engine_restore_and_pop': engine_pop,
-        'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True)})
+        'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True),
+        'engine_chunk_kept_prefix': engine_kept_prefix})
     return {'policy': name, **walls, 'capsule_bytes': int(engine.arena.live_nbytes(0)),
             'params': sum(p.numel() for p in policy.parameters()),
             'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
-                                                        walls['lerobot_chunk']['p50'])}}
+                                                        walls['lerobot_chunk']['p50']),
+                       'chunk_vs_kept_prefix': ratio(walls['engine_chunk']['p50'],
+                                                     walls['engine_chunk_kept_prefix']['p50'])}}
 
 
 def render(results):
@@ -128,14 +148,17 @@ def render(results):
             f'{SIDE}, {DIM}-dim state and action, chunk 50, 10 flow-matching steps, batch 1; '
             'whole call, host wall p50 / p99 in ms (device synchronised); LeRobot eager\n',
             '| policy | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
-            'restore + next action | snapshot | capsule bytes |', '|' + ' --- |' * 8]
+            'restore + next action | snapshot | capsule bytes | first chunk, prefix kept '
+            '(chunk / kept) |', '|' + ' --- |' * 9]
     for r in results['sections'].get('rows', []):
         def ms(key):
             return f'{r[key]["p50"] / 1e3:.1f} / {r[key]["p99"] / 1e3:.1f}'
         out.append(f'| {r["policy"]} | {r["params"] / 1e9:.2f} B | {ms("lerobot_chunk")} | '
                    f'{ms("engine_chunk")} ({r["ratios"]["engine_chunk_vs_lerobot"]:.2f}x) | '
                    f'{ms("engine_chunk_graph")} | {ms("engine_restore_and_pop")} | '
-                   f'{ms("engine_snapshot")} | {r["capsule_bytes"]:,} |')
+                   f'{ms("engine_snapshot")} | {r["capsule_bytes"]:,} | '
+                   f'{ms("engine_chunk_kept_prefix")} '
+                   f'({r["ratios"]["chunk_vs_kept_prefix"]:.2f}x) |')
     return '\n'.join(out + checks_and_command(results)) + '\n'
 
 

@@ -1,6 +1,7 @@
-"""A LeRobot SmolVLA (or ACT, or Diffusion Policy) checkpoint on the robot: the flashrt_policy
-node (policy_type smolvla, act or diffusion, from the checkpoint) and vla_inputs, which packs the
-cameras, the joint states and the instruction (SmolVLA's) into its observation.
+"""A LeRobot SmolVLA (or Pi0, Pi0.5, ACT, Diffusion Policy) checkpoint on the robot: the
+flashrt_policy node (policy_type smolvla, pi0, pi05, act or diffusion, from the checkpoint) and
+vla_inputs, which packs the cameras, the joint states and the instruction (of the language
+policies) into its observation.
 
 ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     camera_topics:=observation.images.top=/camera/top/image_raw[,<key>=<topic>...]

@@ -1,6 +1,6 @@
 """vla_inputs: cameras, joint states and an instruction as robots publish them, packed into the
-observation a LeRobot policy node takes (policy_type smolvla; act and diffusion take no
-instruction).
+observation a LeRobot policy node takes (policy_type smolvla, pi0, pi05; act and diffusion
+take no instruction).
 
 Subscribes to one sensor_msgs/Image or CompressedImage topic per camera of the checkpoint
 (`camera_topics`: 'feature_key=topic', e.g. 'observation.images.top=/camera/top/image_raw';
@@ -10,7 +10,9 @@ the message type is `camera_types`' entry, 'raw' or 'compressed'), to sensor_msg
 instruction, becomes one observation on `<policy>/observation`: the state, each camera's image
 as 3 x H x W in [0, 1] (uint8 / 255, as LeRobot's datasets give them), and the instruction's
 token ids and attention mask from the checkpoint's own pre-processor (its tokenizer, the
-newline SmolVLA appends, padding to the checkpoint's length). A camera image of another size
+newline SmolVLA appends, padding to the checkpoint's length). Pi0.5's prompt holds the state
+(its pre-processor normalises and discretises it into the text): its tokens are made anew for
+every joint state, from that state, so that they belong to the observation. A camera image of another size
 than the checkpoint's, an encoding other than rgb8 / bgr8 / mono8, or a joint state without
 one of joint_names is refused with a warning and counted; nothing is published for it.
 """
@@ -56,12 +58,9 @@ class VLAInputs(Node):
             ('joint_state_topic', '/joint_states'), ('instruction', ''))}
         from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
         self.cameras, self.tokens, self._tokenize = checkpoint_inputs(p['checkpoint'])
-        if self._tokenize is not None and self._tokenize.state_in_prompt:
-            # tokens made once per instruction would carry no state, or a stale one: every
-            # action would be wrong without an error
-            raise ValueError('vla_inputs does not pack Pi0.5 observations yet: its prompt '
-                             'holds the state, so the checkpoint\'s pre-processor must run on '
-                             'every observation')
+        # Pi0.5: the prompt holds the state, so every observation is tokenized with its own
+        # (tokens made once per instruction would carry a stale state: every action wrong)
+        self._per_state = self._tokenize is not None and self._tokenize.state_in_prompt
         topics = dict(t.split('=', 1) for t in p['camera_topics'] if t)
         missing = sorted(set(self.cameras) - set(topics))
         if missing:
@@ -69,7 +68,8 @@ class VLAInputs(Node):
         kinds = [k for k in p['camera_types'] if k] or ['raw'] * len(topics)
         self.joints = [j for j in p['joint_names'] if j]
         self.images, self.refused = {}, 0
-        self.instruction = None if self.tokens else ()     # () : the policy takes none
+        self.text = None                # the instruction as given
+        self.instruction = None if self.tokens else ()     # its tokens; (): the policy takes none
         if p['instruction']:
             self._on_instruction(String(data=p['instruction']))
         self.pub = self.create_publisher(Float32MultiArray, f'{p["policy"]}/observation', 10,
@@ -98,18 +98,21 @@ class VLAInputs(Node):
     def _on_instruction(self, msg):
         if self._tokenize is None:
             return self._refuse('an instruction: this checkpoint takes none')
-        self.instruction = self._tokenize(msg.data)
+        self.text = msg.data
+        if not self._per_state:
+            self.instruction = self._tokenize(msg.data)
 
     def _on_joints(self, msg):
         where = {n: i for i, n in enumerate(msg.name)}
         if any(j not in where for j in self.joints) or len(msg.position) != len(msg.name):
             return self._refuse(f'joint state without {self.joints}')
-        if self.instruction is None or len(self.images) < len(self.cameras):
+        if (self.text is None and self.tokens) or len(self.images) < len(self.cameras):
             return      # not everything has come yet
         state = np.array([msg.position[where[j]] for j in self.joints], np.float32)
+        instruction = self._tokenize(self.text, state) if self._per_state else self.instruction
         out = Float32MultiArray()
         out.data = array.array('f', np.concatenate(     # every part float32 already
-            [state, *[self.images[k].ravel() for k in self.cameras], *self.instruction]
+            [state, *[self.images[k].ravel() for k in self.cameras], *instruction]
         ).tobytes())
         self.pub.publish(out)
 

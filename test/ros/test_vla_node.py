@@ -239,3 +239,83 @@ def test_a_diffusion_checkpoint_on_the_node(make, tmp_path_factory):
     assert first + later == h.reference(obs)
     assert h.call('restore', name='mid').success
     assert h.steps(obs[steps + 2:]) == later
+
+
+@pytest.mark.parametrize('kind', ['pi0', 'pi05'])
+def test_pi0_and_pi05_through_vla_inputs(make, tmp_path_factory, kind):
+    """policy_type pi0 / pi05 (LeRobot >= 0.6, Python >= 3.12): vla_inputs packs a camera,
+    joint states and the instruction, Pi0.5's tokens made anew from every joint state (its
+    prompt holds the state); the node's actions are the engine's on the same frames packed by
+    checkpoint_inputs, a capsule mid-chunk replays, and a restart given back the first
+    chunk's prefix (kind kv) skips its prefix pass with the same actions."""
+    from importlib.metadata import version
+    if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
+        pytest.skip(f'Pi0 needs LeRobot >= 0.6 (Python >= 3.12; this has {version("lerobot")}): '
+                    'bash tools/test_lerobot06.sh')
+    import numpy as np
+    import rclpy
+    from rclpy.parameter import Parameter
+    from sensor_msgs.msg import Image, JointState
+
+    from flashrt_ros.client import spin_in_thread
+    from flashrt_ros.node.vla_inputs import VLAInputs
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs, \
+        checkpoint_sizes
+    from support.common import wait_for
+    from support.pi0 import CAMERA, checkpoint, IMAGE, small_sizes, STATE_DIM
+    from support.pi0 import STEPS as PI_STEPS
+    folder = checkpoint(tmp_path_factory.mktemp(kind), kind=kind)
+    policy_type, obs_dim, act_dim = checkpoint_sizes(folder)
+    _, _, tokenize = checkpoint_inputs(folder)
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    with small_sizes():     # the node builds LeRobot's model at the test's sizes
+        h = make(dict(policy_type=policy_type, policy_file=folder, obs_dim=obs_dim,
+                      act_dim=act_dim, seed=3))
+        bridge = VLAInputs(h.name + '_inputs', parameter_overrides=[
+            Parameter('checkpoint', value=folder), Parameter('policy', value='/' + h.name),
+            Parameter('camera_topics', value=[f'{CAMERA}=/{h.name}/cam']),
+            Parameter('joint_names', value=joints),
+            Parameter('joint_state_topic', value=f'/{h.name}/joint_states'),
+            Parameter('instruction', value='pick up the red cube')])
+        node = rclpy.create_node(h.name + '_robot')
+        spinner = spin_in_thread(bridge)
+        try:
+            cam = node.create_publisher(Image, f'/{h.name}/cam', 10)
+            js = node.create_publisher(JointState, f'/{h.name}/joint_states', 10)
+            wait_for(lambda: cam.get_subscription_count() and js.get_subscription_count() and
+                     bridge.pub.get_subscription_count(), what='the bridge to connect')
+            rng = np.random.default_rng(7)
+            packed, sent = [], 0
+            for t in range(2 * PI_STEPS + 1):
+                image = rng.integers(0, 256, (IMAGE[1], IMAGE[2], 3), dtype=np.uint8)
+                state = rng.standard_normal(STATE_DIM).astype(np.float32)
+                cam.publish(_image_msgs(image, 'top', 0))
+                pixels = image.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
+                wait_for(lambda: np.array_equal(bridge.images.get(CAMERA, 0), pixels),
+                         what='the image to reach the bridge')
+                js.publish(JointState(name=joints, position=[float(s) for s in state]))
+                sent += 1
+                h.client.wait_actions(sent)
+                packed.append(np.concatenate(
+                    [state, pixels.ravel(), *tokenize('pick up the red cube', state)]))
+            got = h.client.wait_actions(sent)
+            assert got == h.reference(packed)
+            assert bridge.refused == 0
+        finally:
+            spinner.shutdown()
+            bridge.destroy_node()
+            node.destroy_node()
+        # the capsule services on the same node, fed directly
+        assert h.call('snapshot', name='mid').success          # mid-chunk
+        later = h.steps(packed[:PI_STEPS + 1])
+        for _ in range(2):
+            assert h.call('restore', name='mid').success
+            assert h.steps(packed[:PI_STEPS + 1]) == later
+        policy = h.node.parts.engine.policy
+        assert h.call('restore', name='episode_start').success
+        first = h.steps(packed[:1])
+        assert h.call('snapshot', name='first').success
+        reused = policy.prefix_reused
+        assert h.call('restore', name='episode_start').success
+        assert h.call('restore', name='first', kinds=['kv']).success
+        assert h.steps(packed[:1]) == first and policy.prefix_reused == reused + 1

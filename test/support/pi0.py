@@ -44,6 +44,14 @@ def _small_sizes():
         CONFIG_MAPPING.register('paligemma', real_paligemma, exist_ok=True)
 
 
+@contextlib.contextmanager
+def small_sizes():
+    """Inside: LeRobot builds its Pi0 / Pi0.5 at this module's sizes (from_pretrained of a
+    checkpoint() folder too)."""
+    with _small_sizes():
+        yield
+
+
 def pi0(seed=0, kind='pi0', **options):
     """(PI0Policy, or PI05Policy for kind 'pi05', in eval mode on the CPU, its statistics:
     mean / std for Pi0, quantiles for Pi0.5 as their configs ask): random weights from
@@ -59,8 +67,8 @@ def pi0(seed=0, kind='pi0', **options):
         input_features={'observation.state': PolicyFeature(FeatureType.STATE, (STATE_DIM,)),
                         CAMERA: PolicyFeature(FeatureType.VISUAL, IMAGE)},
         output_features={'action': PolicyFeature(FeatureType.ACTION, (ACT_DIM,))},
-        chunk_size=CHUNK, n_action_steps=STEPS, tokenizer_max_length=TOKENS, device='cpu',
-        **options)
+        **{**dict(chunk_size=CHUNK, n_action_steps=STEPS, tokenizer_max_length=TOKENS,
+                  device='cpu'), **options})
     with torch.random.fork_rng(), _small_sizes():
         torch.manual_seed(seed)
         policy = Policy(config).eval()
@@ -94,3 +102,51 @@ def vector(frame):
     return torch.cat([frame['observation.state'], frame[CAMERA].reshape(-1),
                       frame['observation.language.tokens'].reshape(-1).float(),
                       frame['observation.language.attention_mask'].reshape(-1).float()]).numpy()
+
+
+# the prompt Pi0.5's pre-processor writes ('Task: ..., State: 12 200 ...;\nAction: ') in
+# byte-level tokens
+PROMPT_TOKENS = 96
+PALIGEMMA = 'google/paligemma-3b-pt-224'     # the tokenizer LeRobot's processors name
+
+
+def checkpoint(folder, kind='pi05', seed=0):
+    """A checkpoint folder as training writes it: config.json and model.safetensors of
+    pi0(seed, kind), and its pre- and post-processor from LeRobot's own factory with the
+    statistics. PaliGemma's tokenizer is a gated hub repository: a byte-level stand-in, saved
+    in the folder, takes its place (the processor names that folder). Load it (the policy)
+    inside small_sizes()."""
+    import types
+
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.processor import tokenizer_processor, TokenizerProcessorStep
+    from transformers import AutoTokenizer
+
+    from flashrt_ros.runtime.policies.lerobot_demo import byte_tokenizer
+    policy, stats = pi0(seed, kind, tokenizer_max_length=PROMPT_TOKENS)
+    local = f'{folder}/tokenizer'
+    byte_tokenizer(['<pad>', '<eos>', '<bos>'], pad_token='<pad>', eos_token='<eos>',
+                   bos_token='<bos>').save_pretrained(local)
+    real = tokenizer_processor.AutoTokenizer
+    tokenizer_processor.AutoTokenizer = types.SimpleNamespace(
+        from_pretrained=lambda name: AutoTokenizer.from_pretrained(
+            local if name == PALIGEMMA else name))
+    try:
+        pre, post = make_pre_post_processors(policy.config, dataset_stats=stats)
+    finally:
+        tokenizer_processor.AutoTokenizer = real
+    for step in pre.steps:
+        if isinstance(step, TokenizerProcessorStep):
+            step.tokenizer_name = local
+    for part in (policy, pre, post):
+        part.save_pretrained(folder)
+    return str(folder)
+
+
+def raw_frames(count, seed=0):
+    """Observations as a robot gives them: the raw state, the image in [0, 1], the task."""
+    gen = torch.Generator().manual_seed(seed)
+    return [{'observation.state': torch.randn(STATE_DIM, generator=gen) * 2,
+             CAMERA: torch.rand(IMAGE, generator=gen),
+             'task': ('pick up the red cube', 'open the drawer')[t // 4 % 2]}
+            for t in range(count)]

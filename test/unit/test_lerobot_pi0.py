@@ -23,7 +23,8 @@ if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
-from support.pi0 import ACT_DIM, CHUNK, frames, pi0, STEPS, vector  # noqa: E402
+from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
+                         small_sizes, STEPS, vector)
 
 SEED = 7
 DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
@@ -103,6 +104,96 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])),
                        want.cpu())
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_the_prefix_is_reused_for_the_same_observation_only(model, tmp_path, device):
+    """A chunk whose observation is bit for bit the one its session's prefix came from runs
+    the denoising steps alone, with LeRobot's actions all the same: a robot standing still,
+    and an episode restarted (its start capsule, then the 'kv' buffers of a capsule taken
+    after its first chunk) 8 times. One ulp off and the prefix is computed again."""
+    engine = _engine(model, device, tmp_path)
+    policy = engine.policy
+    frame = frames(1, policy.vocabulary, seed=5)[0]
+    still = vector(frame)
+    want = _lerobots(model, device, [frame] * (3 * STEPS))
+    engine.snapshot('start')
+    assert all(torch.equal(engine.step(still).cpu(), w) for w in want)
+    assert policy.prefix_reused == 2        # chunks 2 and 3: the prefix of chunk 1
+    engine.restore('start')
+    engine.step(still)
+    engine.snapshot('first')                # after the first chunk: its prefix
+    for i in range(8):
+        engine.restore('start')
+        engine.restore('first', kinds=['kv'])
+        reused = policy.prefix_reused
+        assert torch.equal(engine.step(still).cpu(), want[0]), i
+        assert policy.prefix_reused == reused + 1, i
+    nudged = still.copy()
+    nudged[0] = np.nextafter(still[0], np.float32(np.inf))
+    engine.restore('start')
+    engine.restore('first', kinds=['kv'])
+    reused = policy.prefix_reused
+    engine.step(nudged)
+    assert policy.prefix_reused == reused
+    assert torch.equal(policy.views['prefix_obs'].cpu().view(torch.int32),
+                       torch.from_numpy(nudged).view(torch.int32))
+
+
+@pytest.fixture(scope='module', params=sorted(CLASSES))
+def folder(request, tmp_path_factory):
+    return checkpoint(tmp_path_factory.mktemp(request.param), kind=request.param)
+
+
+def test_tokens_from_the_checkpoint_give_lerobots_actions_from_raw_inputs(folder):
+    """What vla_inputs publishes (lerobot_checkpoint.checkpoint_inputs: the raw state, the
+    image, the task tokenized by the checkpoint's own pre-processor; for Pi0.5 with each
+    observation's state, which its prompt holds) gives, on a policy loaded from the folder,
+    LeRobot's pipeline loaded from it (pre-processor, predict_action_chunk with the same
+    noise, post-processor) from the raw frames, bit for bit over three chunks."""
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    config = PreTrainedConfig.from_pretrained(folder)
+    cameras, tokens, tokenize = checkpoint_inputs(folder)
+    assert tokenize.state_in_prompt == (config.type == 'pi05')
+    with small_sizes():
+        engine = PolicyEngine(CLASSES[config.type].from_pretrained(folder, seed=SEED), 'cpu')
+        lerobot = get_policy_class(config.type).from_pretrained(folder).eval()
+    pre, post = make_pre_post_processors(config, folder)
+    batch = raw_frames(3 * STEPS, seed=3)
+    got, want, queue = [], [], []
+    for t, frame in enumerate(batch):
+        state = frame['observation.state'].numpy()
+        got.append(engine.step(np.concatenate(
+            [state, frame[CAMERA].numpy().ravel(), *tokenize(frame['task'], state)])))
+        if not queue:
+            noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([t // STEPS]),
+                                   CHUNK * 32).view(1, CHUNK, 32)
+            chunk = lerobot.predict_action_chunk(pre(dict(frame)), noise=noise)[:, :STEPS]
+            queue = list(post(chunk)[0])
+        want.append(queue.pop(0))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_pi05_tokens_belong_to_one_observation(folder):
+    """Pi0.5's prompt holds the state: tokens are refused without it, and a state in another
+    bin gives other tokens (Pi0's depend on the text alone)."""
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    _, _, tokenize = checkpoint_inputs(folder)
+    state = np.zeros(ACT_DIM, np.float32)
+    moved = state.copy()
+    moved[2] = 1.5
+    if not tokenize.state_in_prompt:
+        assert np.array_equal(tokenize('open the drawer')[0],
+                              tokenize('open the drawer', moved)[0])
+        return
+    with pytest.raises(ValueError, match='holds the state'):
+        tokenize('open the drawer')
+    ids, mask = tokenize('open the drawer', state)
+    assert mask.sum() < len(mask)       # the whole prompt fits: the state is in the tokens
+    assert not np.array_equal(ids, tokenize('open the drawer', moved)[0])
 
 
 def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):

@@ -30,23 +30,32 @@ def checkpoint_sizes(folder):
 def checkpoint_inputs(folder):
     '''What a LeRobot checkpoint folder's observation holds, for whoever packs it (the
     vla_inputs node): ({camera key: (3, H, W)} in the config's order, the token count (0: no
-    instruction), tokenize(text) -> (token ids, attention mask) as float32 arrays, or None).
-    tokenize runs the checkpoint's own pre-processor (its tokenizer, SmolVLA's newline, its
-    padding) on the text, so the ids are the ones LeRobot's pipeline gives its model.'''
+    instruction), tokenize(text, state=None) -> (token ids, attention mask) as float32 arrays,
+    or None). tokenize runs the checkpoint's own pre-processor (its tokenizer, SmolVLA's
+    newline, its padding) on the text, so the ids are the ones LeRobot's pipeline gives its
+    model. Where the prompt holds the state (tokenize.state_in_prompt: Pi0.5's pre-processor
+    writes it there, normalised and discretised), the tokens belong to one observation:
+    tokenize then needs that observation's raw state, and refuses to run without it.'''
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
     config = PreTrainedConfig.from_pretrained(folder)
     pre, _ = make_pre_post_processors(config, folder)
     cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
-    blank = {STATE: torch.zeros(config.input_features[STATE].shape),
+    state_shape = config.input_features[STATE].shape
+    blank = {STATE: torch.zeros(state_shape),
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
+    state_in_prompt = config.type == 'pi05'
 
-    def tokenize(text):
-        out = pre({**blank, 'task': text})
+    def tokenize(text, state=None):
+        frame = {**blank, 'task': text}
+        if state_in_prompt:
+            if state is None:
+                raise ValueError(f'{config.type}: the prompt holds the state; tokenize each '
+                                 'observation with its state')
+            frame[STATE] = torch.as_tensor(state, dtype=torch.float32).reshape(state_shape)
+        out = pre(frame)
         return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
                 out[MASK].reshape(-1).to(torch.float32).numpy())
-    # Pi0.5's pre-processor writes the (discretised) state into the prompt: its tokens are
-    # those of one observation, not of the instruction alone
-    tokenize.state_in_prompt = config.type == 'pi05'
+    tokenize.state_in_prompt = state_in_prompt
     return cameras, tokens, tokenize if tokens else None

@@ -59,23 +59,31 @@ SPECIALS = ['<|endoftext|>', '<fake_token_around_image>', '<global-img>', '<imag
             '<end_of_utterance>']
 
 
-def vlm_folder(path, size='demo'):
-    '''Writes a SmolVLM config + processor folder (what SmolVLAConfig.vlm_model_name names).'''
+def byte_tokenizer(specials, **tokens):
+    '''A byte-level stand-in tokenizer (transformers' PreTrainedTokenizerFast): the special
+    tokens first, then one token per byte, no merges; tokens: its bos_token, pad_token, ...'''
     from tokenizers import decoders, models, pre_tokenizers, Tokenizer
-    from transformers import PreTrainedTokenizerFast, SmolVLMConfig
-    from transformers.models.smolvlm import (SmolVLMImageProcessor, SmolVLMProcessor,
-                                             SmolVLMVideoProcessor)
-    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    from transformers import PreTrainedTokenizerFast
+    vocab = {s: i for i, s in enumerate(specials)}
     for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=SPECIALS[0], eos_token=SPECIALS[4],
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **tokens)
+
+
+def vlm_folder(path, size='demo'):
+    '''Writes a SmolVLM config + processor folder (what SmolVLAConfig.vlm_model_name names).'''
+    from transformers import SmolVLMConfig
+    from transformers.models.smolvlm import (SmolVLMImageProcessor, SmolVLMProcessor,
+                                             SmolVLMVideoProcessor)
+    fast = byte_tokenizer(
+        SPECIALS, bos_token=SPECIALS[0], eos_token=SPECIALS[4],
         pad_token=SPECIALS[0], additional_special_tokens=SPECIALS[1:],
         extra_special_tokens={'fake_image_token': SPECIALS[1], 'global_image_token': SPECIALS[2],
                               'image_token': SPECIALS[3], 'end_of_utterance_token': SPECIALS[4]})
+    vocab = fast.get_vocab()
     z = SIZES[size]
     SmolVLMConfig(
         text_config=dict(model_type='llama', vocab_size=len(vocab), max_position_embeddings=8192,

@@ -2,10 +2,11 @@
 work): LeRobot's own sample_actions, PaliGemma's pass over the prefix (SigLIP over each camera,
 the instruction's tokens) into a KV cache, then num_inference_steps flow-matching steps of the
 Gemma action expert against it, as one captured CUDA graph on CUDA. The arena holds the chunk,
-how many of its actions are left and the rng counter its noise is drawn from. The prefix cache
-lives inside one chunk's computation (every chunk computes it from its own observation, and no
-step runs between its prefix pass and its denoising), so a capsule taken between steps holds all
-the next step reads.
+how many of its actions are left, the rng counter its noise is drawn from, and the prefix KV
+cache of the last chunk with its pad mask and the observation it came from: a chunk whose
+observation repeats that one bit for bit runs the denoising steps alone (lerobot_prefix.py).
+The cache is PaliGemma's transformers DynamicCache ([1, kv heads, S, head dim] per layer), put
+back as its prefix pass fills it.
 
 The observation vector is SmolVLA's: the state, each camera's image in [0, 1] (3 x H x W), the
 instruction's token ids (tokenizer_max_length) and their attention mask. Given the same inputs
@@ -16,8 +17,8 @@ Pi0.5 (Pi05ChunkPolicy) differs in its inputs: its pre-processor writes the stat
 normalised (quantiles by default) and discretised into 256 bins, into the prompt before
 tokenizing, and the model reads no other state. So the token ids of its observation change
 with the state and must come from the checkpoint's pre-processor run on that observation
-(vla_inputs does not do that yet and refuses a Pi0.5 checkpoint); the state part of the vector
-is normalised and otherwise unused.
+(lerobot_checkpoint.checkpoint_inputs, which the vla_inputs node runs on every joint state);
+the state part of the vector is normalised and otherwise unused.
 
 LeRobot 0.4's Pi0 and Pi0.5 need a transformers fork that is not on PyPI and are refused; so
 are real-time chunking and relative actions (not yet).
@@ -25,14 +26,16 @@ are real-time chunking and relative actions (not yet).
 
 from importlib.metadata import version
 
+import torch
+
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_chunk import LanguageChunkPolicy
+from .lerobot_prefix import KeptPrefixPolicy
 
 
-class Pi0ChunkPolicy(LanguageChunkPolicy):
-    '''A lerobot PI0Policy (LeRobot >= 0.6): the chunk, its cursor and the noise's rng counter
-    are the arena state.'''
+class Pi0ChunkPolicy(KeptPrefixPolicy):
+    '''A lerobot PI0Policy (LeRobot >= 0.6): the chunk, its cursor, the noise's rng counter and
+    the last chunk's prefix are the arena state.'''
 
     kind = 'pi0'
     state_input = True      # sample_actions takes the padded state (Pi0.5's does not)
@@ -56,17 +59,33 @@ class Pi0ChunkPolicy(LanguageChunkPolicy):
         self.vocabulary = lerobot_policy.model.paligemma_with_expert.paligemma \
             .get_input_embeddings().num_embeddings
 
-    def state_specs(self):
-        return super().state_specs() + [self._rng_spec()]
-
-    def _chunk(self, batch):
-        '''PI0Policy.predict_action_chunk with the session's noise, then select_action's
-        first n_action_steps, unnormalised.'''
-        lerobot = self.lerobot
+    def _prefix(self, batch):
+        '''LeRobot's sample_actions up to the filled KV cache (its operations in order):
+        ([(keys, values)] per layer, prefix pad mask).'''
+        from lerobot.policies.common.vla_utils import make_att_2d_masks, \
+            prepare_attention_masks_4d
+        lerobot, model = self.lerobot, self.lerobot.model
         images, img_masks = lerobot._preprocess_images(batch)
-        state = (lerobot.prepare_state(batch),) if self.state_input else ()
-        actions = lerobot.model.sample_actions(images, img_masks, batch[TOKENS], batch[MASK],
-                                               *state, noise=self.noise(self._chunk_rng))
+        embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK])
+        mask = prepare_attention_masks_4d(make_att_2d_masks(pad, att))
+        model.paligemma_with_expert.paligemma.model.language_model.config \
+            ._attn_implementation = 'eager'     # as sample_actions sets it
+        _, kv = model.paligemma_with_expert.forward(
+            attention_mask=mask, position_ids=torch.cumsum(pad, dim=1) - 1,
+            past_key_values=None, inputs_embeds=[embs, None], use_cache=True)
+        return [(layer.keys, layer.values) for layer in kv.layers], pad
+
+    def _denoise(self, batch):
+        '''sample_actions' denoising steps (euler_integrate over denoise_step) against the
+        static prefix, from the session's noise; then select_action's first n_action_steps,
+        unnormalised.'''
+        from lerobot.policies.common.flow_matching import euler_integrate
+        model, kv, pad = self.lerobot.model, self._dynamic_cache(), self._cache['prefix_pad']
+        state = {'state': self.lerobot.prepare_state(batch)} if self.state_input else {}
+        actions = euler_integrate(
+            lambda x, t: model.denoise_step(prefix_pad_masks=pad, past_key_values=kv, x_t=x,
+                                            timestep=t, **state),
+            self.noise(self._chunk_rng), self.lerobot.config.num_inference_steps)
         return {'queue': self._normalised('action', actions[0, :self.steps, :self.act_dim],
                                           True)}
 

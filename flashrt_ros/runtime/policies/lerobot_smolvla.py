@@ -1,13 +1,6 @@
 '''LeRobot's SmolVLA on the engine (lerobot_chunk.py says how the chunk policies work): the
 prefix KV cache of every VLM layer, its pad mask and the flow-matching noise's rng counter are
-arena state beside the chunk.
-
-The prefix is reused where that is exact: the arena also keeps the observation the prefix was
-computed from (prefix_obs, kind 'kv' with the cache), and a chunk whose observation equals it
-bit for bit runs the denoise steps alone against the kept prefix: the same kernels on the same
-bytes as a whole chunk, so the same actions. That happens at an episode start that looks like
-one before it (a simulator reset, whose first observation repeats), after restoring the 'kv'
-buffers of a capsule taken after that start's first chunk: the VLM pass is skipped.
+arena state beside the chunk, and the prefix is reused where that is exact (lerobot_prefix.py).
 
 Both LeRobot cache layouts are served: 0.4's dict of [B, S, H, D] keys and values per layer
 (forward(fill_kv_cache=True)), and 0.6's transformers DynamicCache of [B, H, S, D] (filled when
@@ -20,13 +13,11 @@ import inspect
 import torch
 
 from ..errors import InvalidConfig
-from ..graph import StepGraph
-from ..state import BufferSpec
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_chunk import LanguageChunkPolicy
+from .lerobot_prefix import KeptPrefixPolicy
 
 
-class SmolVLAChunkPolicy(LanguageChunkPolicy):
+class SmolVLAChunkPolicy(KeptPrefixPolicy):
     '''A lerobot SmolVLAPolicy: the prefix KV cache of every layer, its pad mask and the
     noise's rng counter are arena state too.'''
 
@@ -49,25 +40,11 @@ class SmolVLAChunkPolicy(LanguageChunkPolicy):
         self.tokens = int(cfg.tokenizer_max_length)
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
-        # the prefix's length and the cache's layout, from one prefix pass on zeros
-        kv, pad = self._prefix(self._inputs(torch.zeros(self.obs_dim, device=self.device)),
-                               record=True)
-        first = kv[0][0]
-        self.layers, self.kv_shape = len(kv), tuple(first.shape)
-        self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
+        # the cache's layout, from one prefix pass on zeros that records the position ids
+        self.learn_layout(*self._prefix(
+            self._inputs(torch.zeros(self.obs_dim, device=self.device)), record=True))
         self.vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
             .embed_tokens.num_embeddings
-
-    def state_specs(self):
-        cache = (self.layers, *self.kv_shape)
-        return super().state_specs() + [
-            BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
-            BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
-            BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
-            # the key of the cache above: the observation it came from, and whether it holds one
-            BufferSpec('prefix_obs', (self.obs_dim,), torch.float32, 'kv'),
-            BufferSpec('prefix_ready', (1,), torch.int64, 'kv'),
-            self._rng_spec()]
 
     def _prefix(self, batch, record=False):
         '''LeRobot's sample_actions up to the filled KV cache: ([(keys, values)] per layer,
@@ -88,37 +65,15 @@ class SmolVLAChunkPolicy(LanguageChunkPolicy):
             return [(kv[i]['key_states'], kv[i]['value_states']) for i in range(len(kv))], pad
         return [(layer.keys, layer.values) for layer in kv.layers], pad
 
-    def capture(self, enabled):
-        '''The whole chunk (LeRobotChunkPolicy.capture) and its denoise steps alone, each a
-        CUDA graph when enabled; both denoise from the static prefix buffers (_cache).'''
-        cache, dev = (self.layers, *self.kv_shape), self.device
-        self._cache = {'prefix_k': torch.zeros(cache, dtype=self.kv_dtype, device=dev),
-                       'prefix_v': torch.zeros(cache, dtype=self.kv_dtype, device=dev),
-                       'prefix_pad': torch.zeros(1, self.prefix_len, dtype=torch.bool,
-                                                 device=dev)}
-        self.prefix_reused = 0      # chunks that skipped the prefix pass (benchmarks, tests)
-        super().capture(enabled)
-        self._denoise_graph = StepGraph(self._denoise_fn, dev, enabled, host_constants=True)
-
-    def _chunk(self, batch):
-        kv, pad = self._prefix(batch)
-        c = self._cache
-        c['prefix_k'].copy_(torch.stack([k for k, _ in kv]))
-        c['prefix_v'].copy_(torch.stack([v for _, v in kv]))
-        c['prefix_pad'].copy_(pad)
-        return {**self._denoise(), **c}
-
-    def _denoise(self):
-        '''LeRobot's sample_actions after the prefix pass, against the static prefix.'''
+    def _denoise(self, batch):
+        '''LeRobot's sample_actions after the prefix pass, against the static prefix (the
+        state went into the prefix).'''
         model, cfg, c = self.lerobot.model, self.lerobot.config, self._cache
         if self._dict_cache:
             kv = {i: {'key_states': c['prefix_k'][i], 'value_states': c['prefix_v'][i]}
                   for i in range(self.layers)}
-        else:       # filled as the prefix pass fills it: update() copies each layer in
-            from transformers import DynamicCache
-            kv = DynamicCache()
-            for i in range(self.layers):
-                kv.update(c['prefix_k'][i], c['prefix_v'][i], i)
+        else:
+            kv = self._dynamic_cache()
         x = self.noise(self._chunk_rng)
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
@@ -126,28 +81,6 @@ class SmolVLAChunkPolicy(LanguageChunkPolicy):
             x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=c['prefix_pad'],
                                             past_key_values=kv, timestep=t)
         return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True)}
-
-    @torch.no_grad()
-    def _denoise_fn(self):
-        self._denoise_out = self._denoise()
-
-    def _replay(self, obs):
-        '''A chunk; the denoise steps alone when the session's prefix came from obs (its
-        bits: -0.0 is not 0.0 here), one read of the device to know.'''
-        if self._chunk_graph is None:
-            self.capture(False)
-        v = self.views
-        same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
-        if bool(same & (v['prefix_ready'] == 1).all()):
-            for name, buffer in self._cache.items():
-                buffer.copy_(v[name])
-            self._run(self._denoise_graph)
-            self.prefix_reused += 1
-            return self._denoise_out
-        out = super()._replay(obs)
-        v['prefix_obs'].copy_(obs)
-        v['prefix_ready'].fill_(1)
-        return out
 
     def _vision_embeddings(self):
         return self.lerobot.model.vlm_with_expert.get_vlm_model().vision_model.embeddings
