@@ -33,13 +33,12 @@ CONFIGS = {'smoke': {'iters': 2, 'warmup': 1}, 'gpu': {'iters': 10, 'warmup': 2}
 DIM, CAMERAS, SIDE = 14, 3, 224
 
 
-def run(device, kind, dtype, cfg, tmp, checks):
+def build(device, kind, dtype):
+    """(LeRobot's config, its policy with random weights made on device, the statistics, the
+    generator they came from: the frames' next) at the published sizes, this benchmark's
+    inputs."""
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.factory import get_policy_class, make_policy_config
-    from lerobot.processor.factory import make_default_pre_post_processors
-
-    from flashrt_ros.runtime.engine import PolicyEngine
-    from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy
     cams = [f'observation.images.cam{i}' for i in range(CAMERAS)]
     config = make_policy_config(
         kind,
@@ -55,6 +54,16 @@ def run(device, kind, dtype, cfg, tmp, checks):
     for key in ('observation.state', 'action'):
         low, span = torch.randn(DIM, generator=gen), torch.rand(DIM, generator=gen) + 0.5
         stats[key] = {'mean': low, 'std': span, 'q01': low, 'q99': low + span}
+    return config, policy, stats, gen
+
+
+def run(device, kind, dtype, cfg, tmp, checks):
+    from lerobot.processor.factory import make_default_pre_post_processors
+
+    from flashrt_ros.runtime.engine import PolicyEngine
+    from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy
+    cams = [f'observation.images.cam{i}' for i in range(CAMERAS)]
+    config, policy, stats, gen = build(device, kind, dtype)
     pre, post = make_default_pre_post_processors(config, stats)
     ours = Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy
     engine = PolicyEngine(ours(policy, stats=stats, seed=5), device=device,

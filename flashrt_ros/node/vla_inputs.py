@@ -12,9 +12,10 @@ as 3 x H x W in [0, 1] (uint8 / 255, as LeRobot's datasets give them), and the i
 token ids and attention mask from the checkpoint's own pre-processor (its tokenizer, the
 newline SmolVLA appends, padding to the checkpoint's length). Pi0.5's prompt holds the state
 (its pre-processor normalises and discretises it into the text): its tokens are made anew for
-every joint state, from that state, so that they belong to the observation. A camera image of another size
-than the checkpoint's, an encoding other than rgb8 / bgr8 / mono8, or a joint state without
-one of joint_names is refused with a warning and counted; nothing is published for it.
+every joint state, from that state, so that they belong to the observation. A camera image of
+another size than the checkpoint's, an encoding other than rgb8 / bgr8 / mono8, or a joint
+state without one of joint_names is refused with a warning and counted; nothing is published
+for it.
 """
 import array
 import io
