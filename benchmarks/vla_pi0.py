@@ -15,7 +15,10 @@ In one interleaved loop, every figure the whole call's host wall time (device sy
             denoising steps alone (lerobot_prefix.py), against `chunk`.
 Identity checks (exit 1 on failure): the engine's first chunk equals LeRobot's bit for bit;
 after the restore, the same actions, 8 times; with the prefix kept, the same first action
-without the prefix pass, 8 times.
+without the prefix pass, 8 times. --vision bfloat16 (vision_dtype, lerobot_pi0.py): LeRobot's
+model then runs the same cast, and the engine equals that bit for bit; the distance of its
+first chunk to LeRobot's own (float32 vision, the same inputs and noise) is measured and
+reported (max |diff|, and over each action dimension's std across the chunk).
 """
 import argparse
 import datetime
@@ -57,7 +60,7 @@ def build(device, kind, dtype):
     return config, policy, stats, gen
 
 
-def run(device, kind, dtype, cfg, tmp, checks):
+def run(device, kind, dtype, cfg, tmp, checks, vision='float32'):
     from lerobot.processor.factory import make_default_pre_post_processors
 
     from flashrt_ros.runtime.engine import PolicyEngine
@@ -65,13 +68,12 @@ def run(device, kind, dtype, cfg, tmp, checks):
     cams = [f'observation.images.cam{i}' for i in range(CAMERAS)]
     config, policy, stats, gen = build(device, kind, dtype)
     pre, post = make_default_pre_post_processors(config, stats)
-    ours = Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy
-    engine = PolicyEngine(ours(policy, stats=stats, seed=5), device=device,
-                          capsule_dir=f'{tmp}/capsules')
-    mine, steps, tokens = engine.policy, config.n_action_steps, config.tokenizer_max_length
+    steps, tokens = config.n_action_steps, config.tokenizer_max_length
+    vocabulary = policy.model.paligemma_with_expert.paligemma.get_input_embeddings() \
+        .num_embeddings
     frames = []
     for _ in range(2):
-        ids = torch.randint(0, mine.vocabulary, (1, tokens), generator=gen)
+        ids = torch.randint(0, vocabulary, (1, tokens), generator=gen)
         mask = torch.arange(tokens).view(1, -1) < 20          # a 20-token instruction
         frames.append({'observation.state': torch.randn(DIM, generator=gen),
                        **{k: torch.rand(3, SIDE, SIDE, generator=gen) for k in cams},
@@ -94,13 +96,28 @@ def run(device, kind, dtype, cfg, tmp, checks):
         sync()
         return out
 
+    own = lerobot_chunk()[0]        # LeRobot's model as it builds it (float32 vision)
+    ours = Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy
+    # with vision bfloat16 the engine casts LeRobot's vision tower: LeRobot's own from here on
+    # runs the same cast (the baseline as fast as it can be, and the bit-for-bit reference)
+    engine = PolicyEngine(ours(policy, stats=stats, seed=5, vision_dtype=vision),
+                          device=device, capsule_dir=f'{tmp}/capsules')
+    mine = engine.policy
     engine.snapshot('start')
     want = lerobot_chunk()[0]
     got = torch.stack([engine.step(obs[0]).cpu() for _ in range(steps)])
-    name = f'{kind} {dtype} ({tokens} tokens)'
-    check(checks, f'{name}: the engine\'s first chunk equals LeRobot\'s bit for bit '
+    name = f'{kind} {dtype} ({tokens} tokens)' + (f', vision {vision}' if vision != 'float32'
+                                                  else '')
+    same_cast = ' with the same cast' if vision != 'float32' else ''
+    check(checks, f'{name}: the engine\'s first chunk equals LeRobot\'s{same_cast} bit for bit '
           f'({steps} actions; max |diff| {float((got - want).abs().max()):.3g})',
           torch.equal(got, want))
+    bound = None
+    if vision != 'float32':     # the distance to LeRobot's own actions, measured
+        bound = {'max_abs': float((got - own).abs().max()),
+                 'max_abs_over_action_std': float(((got - own).abs() / own.std(0)).max())}
+        log(f'  {name}: vs LeRobot\'s own (float32 vision) max |diff| {bound["max_abs"]:.3g}, '
+            f'{bound["max_abs_over_action_std"]:.3g} of the actions\' std')
     engine.restore('start')
     engine.step(obs[0])
     engine.snapshot('mid')
@@ -142,6 +159,7 @@ def run(device, kind, dtype, cfg, tmp, checks):
         'engine_snapshot': lambda: engine.snapshot('timed', overwrite=True),
         'engine_chunk_kept_prefix': engine_kept_prefix})
     return {'policy': name, **walls, 'capsule_bytes': int(engine.arena.live_nbytes(0)),
+            'vision_bound': bound,
             'params': sum(p.numel() for p in policy.parameters()),
             'ratios': {'engine_chunk_vs_lerobot': ratio(walls['engine_chunk']['p50'],
                                                         walls['lerobot_chunk']['p50']),
@@ -158,7 +176,8 @@ def render(results):
             'whole call, host wall p50 / p99 in ms (device synchronised); LeRobot eager\n',
             '| policy | params | LeRobot chunk | engine chunk (ratio) | its graph alone | '
             'restore + next action | snapshot | capsule bytes | first chunk, prefix kept '
-            '(chunk / kept) |', '|' + ' --- |' * 9]
+            '(chunk / kept) | vs LeRobot\'s own: max abs diff (of the std) |',
+            '|' + ' --- |' * 10]
     for r in results['sections'].get('rows', []):
         def ms(key):
             return f'{r[key]["p50"] / 1e3:.1f} / {r[key]["p99"] / 1e3:.1f}'
@@ -167,7 +186,9 @@ def render(results):
                    f'{ms("engine_chunk_graph")} | {ms("engine_restore_and_pop")} | '
                    f'{ms("engine_snapshot")} | {r["capsule_bytes"]:,} | '
                    f'{ms("engine_chunk_kept_prefix")} '
-                   f'({r["ratios"]["chunk_vs_kept_prefix"]:.2f}x) |')
+                   f'({r["ratios"]["chunk_vs_kept_prefix"]:.2f}x) | ' + (
+                       f'{b["max_abs"]:.3g} ({b["max_abs_over_action_std"]:.3g}) |'
+                       if (b := r.get('vision_bound')) else '0 (bit for bit) |'))
     return '\n'.join(out + checks_and_command(results)) + '\n'
 
 
@@ -177,6 +198,8 @@ def main(argv=None):
     ap.add_argument('--device', default='cuda')
     ap.add_argument('--kinds', default='pi0', help="comma list of 'pi0', 'pi05'")
     ap.add_argument('--dtype', default='bfloat16', help="comma list of 'bfloat16', 'float32'")
+    ap.add_argument('--vision', default='float32',
+                    help="comma list of vision_dtype values: 'float32' (LeRobot's), 'bfloat16'")
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
     args = ap.parse_args(argv)
@@ -190,13 +213,17 @@ def main(argv=None):
     report.results['sections'] = {'rows': []}
     for kind in args.kinds.split(','):
         for dtype in args.dtype.split(','):
-            with tempfile.TemporaryDirectory(prefix='frt-pi0-') as tmp:
-                report.results['sections']['rows'].append(
-                    run(device, kind, dtype, CONFIGS[mode], tmp, report.results['checks']))
-            report.write()
-            if device.type == 'cuda':
-                torch.cuda.empty_cache()
-            log(f'  {kind} {dtype} done')
+            for vision in args.vision.split(','):
+                if vision == 'bfloat16' and dtype != 'bfloat16':
+                    continue        # refused: the vision tower in bfloat16 needs such a model
+                with tempfile.TemporaryDirectory(prefix='frt-pi0-') as tmp:
+                    report.results['sections']['rows'].append(
+                        run(device, kind, dtype, CONFIGS[mode], tmp, report.results['checks'],
+                            vision))
+                report.write()
+                if device.type == 'cuda':
+                    torch.cuda.empty_cache()
+                log(f'  {kind} {dtype} vision {vision} done')
     log(render(report.results))
     return 1 if any(not c['passed'] for c in report.results['checks']) else 0
 

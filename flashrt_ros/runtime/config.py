@@ -136,6 +136,12 @@ class Pi0Config(SmolVLAConfig):
     '''A LeRobot (>= 0.6) Pi0 checkpoint folder (policy_file): obs_dim and act_dim as
     SmolVLA's.'''
 
+    vision_dtype: str = param(
+        'float32', "pi0, pi05: the SigLIP vision tower's and projector's dtype. float32: "
+        "LeRobot's (its actions bit for bit); bfloat16 (a bfloat16 checkpoint): a faster "
+        'prefix pass, actions within the bound the README states',
+        choices=('float32', 'bfloat16'))
+
 
 @dataclass
 class Pi05Config(Pi0Config):

@@ -23,6 +23,7 @@ if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
+from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
 from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
                          small_sizes, STEPS, vector)
 
@@ -138,6 +139,33 @@ def test_the_prefix_is_reused_for_the_same_observation_only(model, tmp_path, dev
     assert policy.prefix_reused == reused
     assert torch.equal(policy.views['prefix_obs'].cpu().view(torch.int32),
                        torch.from_numpy(nudged).view(torch.int32))
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_bfloat16_vision_tower_is_opt_in_and_lerobots_with_the_same_cast(model, device):
+    """vision_dtype bfloat16 (a bfloat16 checkpoint): the actions are those of LeRobot's model
+    with its vision tower and projector cast the same way, bit for bit, and not those of
+    LeRobot's own (float32 vision), so it is never the default. Refused for a float32 model
+    or another dtype, leaving the model as it was."""
+    kind = model[0].config.type
+    cls = CLASSES[kind]
+    policy, stats = pi0(kind=kind, dtype='bfloat16')
+    engine = PolicyEngine(cls(policy, stats=stats, seed=SEED, vision_dtype='bfloat16'),
+                          device=device)
+    assert engine.policy.config()['vision_dtype'] == 'bfloat16'
+    batch = frames(2 * STEPS, engine.policy.vocabulary, seed=6)
+    got = [engine.step(vector(f)).cpu() for f in batch]
+    cast, own = (pi0(kind=kind, dtype='bfloat16') for _ in range(2))
+    vision_in_bfloat16(cast[0])
+    assert all(torch.equal(g, w) for g, w in zip(got, _lerobots(
+        (cast[0].to(device), stats), device, batch)))
+    assert not all(torch.equal(g, w) for g, w in zip(got, _lerobots(
+        (own[0].to(device), stats), device, batch)))
+    tower = model[0].model.paligemma_with_expert.paligemma.model.vision_tower
+    for wrong, match in (('bfloat16', 'needs a bfloat16 model'), ('float16', 'float32')):
+        with pytest.raises(InvalidConfig, match=match):
+            cls(model[0], stats=model[1], vision_dtype=wrong)
+        assert next(tower.parameters()).dtype == torch.float32
 
 
 @pytest.fixture(scope='module', params=sorted(CLASSES))

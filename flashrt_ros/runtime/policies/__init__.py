@@ -53,10 +53,12 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
         raise InvalidConfig(f'unknown policy kind {kind!r}; one of {sorted(KINDS)}')
     cls = KINDS[kind][0]
     if kind in LEROBOT_KINDS:
-        if sizes or activation:
+        extra = {k: v for k, v in sizes.items() if k not in cls.checkpoint_options}
+        if extra or activation:
             raise InvalidConfig(f'a {kind} policy takes its sizes, activation and noise from '
-                                f'its checkpoint, not {dict(sizes, activation=activation)}')
-        return _lerobot(cls, obs_dim, act_dim, file, seed, obs_history, term_history).to(device)
+                                f'its checkpoint, not {dict(extra, activation=activation)}')
+        return _lerobot(cls, obs_dim, act_dim, file, seed, obs_history, term_history,
+                        sizes).to(device)
     in_dim = obs_dim * obs_history
     if term_history:
         frame = sum(size for size, _ in term_history)
@@ -88,15 +90,16 @@ def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activa
     return policy.to(device)
 
 
-def _lerobot(cls, obs_dim, act_dim, folder, seed, obs_history, term_history):
-    '''A LeRobot checkpoint folder's policy; its sizes must be the ones asked for.'''
+def _lerobot(cls, obs_dim, act_dim, folder, seed, obs_history, term_history, options):
+    '''A LeRobot checkpoint folder's policy (options: the class's checkpoint_options); its
+    sizes must be the ones asked for.'''
     if not folder:
         raise InvalidConfig(f'a {cls.kind} policy needs policy_file: a LeRobot checkpoint '
                             'folder (config.json, model.safetensors, the processor files)')
     if obs_history > 1 or term_history:
         raise InvalidConfig(f'a {cls.kind} policy takes one observation: no obs_history or '
                             'observation terms')
-    policy = cls.from_pretrained(folder, seed=seed)
+    policy = cls.from_pretrained(folder, seed=seed, **options)
     if (policy.obs_dim, policy.act_dim) != (obs_dim, act_dim):
         raise InvalidConfig(f'{folder}: the checkpoint takes obs_dim {policy.obs_dim} (state '
                             f'{policy.state_dim}, cameras {policy.cameras}, {policy.tokens} '
@@ -112,7 +115,7 @@ def build_policy(config, device='cpu', term_history=None):
     options = config.options()
     if config.noise_std > 0:
         options['noise_std'] = config.noise_std
-    if config.policy_file and kind != PolicyKind.HISTORY:
+    if config.policy_file and kind not in (PolicyKind.HISTORY, *LEROBOT_KINDS):
         options = {k: v for k, v in options.items() if k == 'noise_std'}   # the file's sizes
     return make_policy(kind, config.obs_dim, config.act_dim, file=config.policy_file,
                        seed=config.seed, device=device, activation=config.activation,

@@ -60,6 +60,7 @@ class LeRobotChunkPolicy(Policy):
     tokens = 0              # the instruction's token count (a language policy)
     chunk_inputs = 1        # observation vectors a chunk's computation reads (its history)
     computation = ()        # config fields that change the actions for the same weights
+    checkpoint_options = ()     # keyword options beyond the checkpoint (from_pretrained's)
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
@@ -93,10 +94,10 @@ class LeRobotChunkPolicy(Policy):
         self._chunk_graph = None
 
     @classmethod
-    def from_pretrained(cls, folder, cameras=None, seed=0):
+    def from_pretrained(cls, folder, cameras=None, seed=0, **options):
         '''A LeRobot checkpoint folder (config.json, model.safetensors and the processor files
         save_pretrained writes), loaded by LeRobot itself; the statistics are those of its
-        policy_preprocessor's normaliser.'''
+        policy_preprocessor's normaliser; options: the class's checkpoint_options.'''
         from lerobot.policies.factory import get_policy_class
         from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
         pre = PolicyProcessorPipeline.from_pretrained(
@@ -109,7 +110,8 @@ class LeRobotChunkPolicy(Policy):
             lerobot = get_policy_class(cls.kind).from_pretrained(folder)
         finally:
             torch.set_float32_matmul_precision(precision)
-        return cls(lerobot, stats=found[0] if found else None, cameras=cameras, seed=seed)
+        return cls(lerobot, stats=found[0] if found else None, cameras=cameras, seed=seed,
+                   **options)
 
     def config(self):
         # what shapes the computation besides the weights; never a path (vlm_model_name): a

@@ -20,6 +20,12 @@ with the state and must come from the checkpoint's pre-processor run on that obs
 (lerobot_checkpoint.checkpoint_inputs, which the vla_inputs node runs on every joint state);
 the state part of the vector is normalised and otherwise unused.
 
+vision_dtype 'bfloat16' (opt-in; the default 'float32' is LeRobot's): LeRobot keeps PaliGemma's
+SigLIP vision tower and its projector in float32 in a bfloat16 model, and on the H200 their
+float32 GEMMs are most of the prefix pass (README). In bfloat16 they are several times faster,
+and the actions are no longer LeRobot's bit for bit: they are those of LeRobot's model with the
+same two modules cast (tested), within the bound the README states against LeRobot's own.
+
 LeRobot 0.4's Pi0 and Pi0.5 need a transformers fork that is not on PyPI and are refused; so
 are real-time chunking and relative actions (not yet).
 '''
@@ -39,11 +45,13 @@ class Pi0ChunkPolicy(KeptPrefixPolicy):
 
     kind = 'pi0'
     state_input = True      # sample_actions takes the padded state (Pi0.5's does not)
+    checkpoint_options = ('vision_dtype',)
     computation = ('paligemma_variant', 'action_expert_variant', 'dtype', 'chunk_size',
                    'max_state_dim', 'max_action_dim', 'num_inference_steps', 'min_period',
                    'max_period', 'image_resolution', 'empty_cameras')
 
-    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0,
+                 vision_dtype='float32'):
         cfg = lerobot_policy.config
         release = version('lerobot')
         if tuple(int(p) for p in release.split('.')[:2]) < (0, 6):
@@ -54,10 +62,22 @@ class Pi0ChunkPolicy(KeptPrefixPolicy):
             raise InvalidConfig(f'{self.kind}: real-time chunking and relative actions are not '
                                 'supported yet')
         self.tokens = int(cfg.tokenizer_max_length)
+        if vision_dtype not in ('float32', 'bfloat16'):
+            raise InvalidConfig(f'{self.kind}: vision_dtype {vision_dtype!r}: float32 '
+                                '(LeRobot\'s) or bfloat16')
+        if vision_dtype == 'bfloat16' and cfg.dtype != 'bfloat16':
+            raise InvalidConfig(f'{self.kind}: vision_dtype bfloat16 needs a bfloat16 model '
+                                f'(the checkpoint\'s dtype is {cfg.dtype})')
         super().__init__(lerobot_policy, stats, cameras, seed)
+        self.vision_dtype = vision_dtype
+        if vision_dtype == 'bfloat16':      # once nothing else can refuse the model
+            vision_in_bfloat16(lerobot_policy)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
         self.vocabulary = lerobot_policy.model.paligemma_with_expert.paligemma \
             .get_input_embeddings().num_embeddings
+
+    def config(self):
+        return {**super().config(), 'vision_dtype': self.vision_dtype}
 
     def _prefix(self, batch):
         '''LeRobot's sample_actions up to the filled KV cache (its operations in order):
@@ -88,6 +108,18 @@ class Pi0ChunkPolicy(KeptPrefixPolicy):
             self.noise(self._chunk_rng), self.lerobot.config.num_inference_steps)
         return {'queue': self._normalised('action', actions[0, :self.steps, :self.act_dim],
                                           True)}
+
+
+def vision_in_bfloat16(lerobot_policy):
+    '''Cast a LeRobot PI0Policy's / PI05Policy's SigLIP vision tower and projector to bfloat16,
+    in place, and give them their images in bfloat16 (LeRobot's embed_image passes float32:
+    get_image_features casts on entry; its float32 output is cast back by embed_image).'''
+    model = lerobot_policy.model.paligemma_with_expert.paligemma.model
+    model.vision_tower.to(torch.bfloat16)
+    model.multi_modal_projector.to(torch.bfloat16)
+    features = model.get_image_features
+    model.get_image_features = lambda pixel_values, **kw: features(
+        pixel_values.to(torch.bfloat16), **kw)
 
 
 class Pi05ChunkPolicy(Pi0ChunkPolicy):
