@@ -179,8 +179,12 @@ class CapsuleOps:
             s = self.sessions.find(session)
             what = 'all buffers' if kinds is None else f'kinds {sorted(set(kinds))}'
             suffix = self._session_suffix(s)
+            counters = kinds is None or 'meta' in kinds
+            # a partial restore without the meta buffers leaves the step counter where it was
             return self._restore(name, kinds, s, lambda m: (
-                f'restored {name!r} ({what}){suffix} to step {m.step}'))
+                f'restored {name!r} ({what}){suffix} to step {m.step}' if counters else
+                f'restored {name!r} ({what}, taken at step {m.step}){suffix}; the step '
+                f'counter stays at {s.step_index}'))
 
     def fork(self, source, target, overwrite, session):
         with self.lock:

@@ -196,6 +196,20 @@ def test_kv_only_restore_diverges(tmp_path, kind):
         e.restore('c', kinds=['weights'])
 
 
+def test_a_restore_without_meta_says_the_step_counter_stays(tmp_path):
+    """Partial restores name what they did: with the meta buffers the counters go back to the
+    capsule's step; without them they stay, and the message says so."""
+    e = make_engine(tmp_path, 'history')
+    for o in observations(5):
+        e.step(o)
+    e.snapshot('c')
+    for o in observations(3, seed=5):
+        e.step(o)
+    kv = e.restore('c', kinds=['kv'])
+    assert 'taken at step 5' in kv.message and 'counter stays at 8' in kv.message, kv.message
+    assert e.restore('c', kinds=['kv', 'meta']).message.endswith('to step 5')
+
+
 def test_rollback_exact_for_every_k_and_refused_beyond(tmp_path, kind):
     depth = 8
     e = make_engine(tmp_path, kind, depth=depth)
