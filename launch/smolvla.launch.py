@@ -9,6 +9,7 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     [camera_types:=raw,compressed] [joint_states:=/joint_states]
     [action_joint_names:=<the arm's joints>] [chunk_period:=0.0] [device:=auto]
     [action_topic:=/robot/cmd] [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
+    [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
 
 The observation size and the action size come from the checkpoint (read when the launch
 starts: LeRobot is imported then). The instruction may change later on
@@ -24,7 +25,7 @@ from launch_ros.actions import Node
 ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
              'instruction': '', 'camera_types': '', 'joint_states': '/joint_states',
              'action_joint_names': '', 'chunk_period': '0.0', 'device': 'auto',
-             'action_topic': '', 'action_chunk_topic': ''}
+             'action_topic': '', 'action_chunk_topic': '', 'vision_dtype': ''}
 
 
 def _list(text):
@@ -42,6 +43,8 @@ def _nodes(context):
               'device': a['device'], 'chunk_period': float(a['chunk_period'])}
     if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
         params['action_joint_names'] = _list(a['action_joint_names'])
+    if a['vision_dtype']:
+        params['vision_dtype'] = a['vision_dtype']
     policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
                   output='screen', remappings=remaps, parameters=[params])
     inputs = Node(package='flashrt_ros', executable='vla_inputs', name='vla_inputs',

@@ -319,3 +319,8 @@ def test_pi0_and_pi05_through_vla_inputs(make, tmp_path_factory, kind):
         assert h.call('restore', name='episode_start').success
         assert h.call('restore', name='first', kinds=['kv']).success
         assert h.steps(packed[:1]) == first and policy.prefix_reused == reused + 1
+        # vision_dtype bfloat16 on this float32 checkpoint: refused at configure
+        bad = make(dict(policy_type=policy_type, policy_file=folder, obs_dim=obs_dim,
+                        act_dim=act_dim, vision_dtype='bfloat16'), start=False)
+        assert not bad.client.change_state('configure')
+        assert bad.node.parts is None

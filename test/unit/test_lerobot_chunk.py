@@ -21,6 +21,7 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
+from support.prefix import check_changed_bits_recompute, check_restarts_reuse_the_prefix  # noqa
 from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, frames, pipeline, smolvla,  # noqa: E402
                              STATE_DIM, statistics, vectors, vlm_folder)
 
@@ -127,28 +128,14 @@ def test_the_prefix_is_reused_for_the_same_observation_only(folders, tmp_path, d
     got = [engine.step(still).cpu() for _ in range(3 * STEPS)]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert policy.prefix_reused == 2        # chunks 2 and 3: the prefix of chunk 1
-    engine.restore('start')
-    engine.step(still)
-    engine.snapshot('first')                # after the first chunk: its prefix
-    for i in range(8):
-        engine.restore('start')
-        engine.restore('first', kinds=['kv'])
-        reused = policy.prefix_reused
-        assert torch.equal(engine.step(still).cpu(), want[0]), i
-        assert policy.prefix_reused == reused + 1, i
+    check_restarts_reuse_the_prefix(engine, still, want[0])
     # not the same bits: the prefix pass runs, the kept prefix is replaced
     nudged = [still.copy() for _ in range(2)]
     nudged[0][3] = np.nextafter(still[3], np.float32(np.inf))
     assert still[STATE_DIM] == 0 and not np.signbit(still[STATE_DIM])
     nudged[1][STATE_DIM] = -0.0
     for changed in nudged:
-        engine.restore('start')
-        engine.restore('first', kinds=['kv'])
-        reused = policy.prefix_reused
-        engine.step(changed)
-        assert policy.prefix_reused == reused
-        kept = policy.views['prefix_obs'].cpu().view(torch.int32)
-        assert torch.equal(kept, torch.from_numpy(changed).view(torch.int32))
+        check_changed_bits_recompute(engine, changed)
 
 
 def test_no_statistics_and_unknown_cameras_are_refused(folders):

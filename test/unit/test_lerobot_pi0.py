@@ -24,6 +24,7 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
 from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
+from support.prefix import check_changed_bits_recompute, check_restarts_reuse_the_prefix  # noqa
 from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
                          small_sizes, STEPS, vector)
 
@@ -121,24 +122,10 @@ def test_the_prefix_is_reused_for_the_same_observation_only(model, tmp_path, dev
     engine.snapshot('start')
     assert all(torch.equal(engine.step(still).cpu(), w) for w in want)
     assert policy.prefix_reused == 2        # chunks 2 and 3: the prefix of chunk 1
-    engine.restore('start')
-    engine.step(still)
-    engine.snapshot('first')                # after the first chunk: its prefix
-    for i in range(8):
-        engine.restore('start')
-        engine.restore('first', kinds=['kv'])
-        reused = policy.prefix_reused
-        assert torch.equal(engine.step(still).cpu(), want[0]), i
-        assert policy.prefix_reused == reused + 1, i
+    check_restarts_reuse_the_prefix(engine, still, want[0])
     nudged = still.copy()
     nudged[0] = np.nextafter(still[0], np.float32(np.inf))
-    engine.restore('start')
-    engine.restore('first', kinds=['kv'])
-    reused = policy.prefix_reused
-    engine.step(nudged)
-    assert policy.prefix_reused == reused
-    assert torch.equal(policy.views['prefix_obs'].cpu().view(torch.int32),
-                       torch.from_numpy(nudged).view(torch.int32))
+    check_changed_bits_recompute(engine, nudged)
 
 
 @pytest.mark.parametrize('device', DEVICES)
