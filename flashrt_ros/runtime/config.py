@@ -139,7 +139,7 @@ class Pi0Config(SmolVLAConfig):
     vision_dtype: str = param(
         'float32', "pi0, pi05: the SigLIP vision tower's and projector's dtype. float32: "
         "LeRobot's (its actions bit for bit); bfloat16 (a bfloat16 checkpoint): a faster "
-        'prefix pass, actions within the bound the README states',
+        "prefix pass, actions off LeRobot's by rounding (the README measures how far)",
         choices=('float32', 'bfloat16'))
 
 

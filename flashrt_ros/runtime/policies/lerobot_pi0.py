@@ -24,7 +24,8 @@ vision_dtype 'bfloat16' (opt-in; the default 'float32' is LeRobot's): LeRobot ke
 SigLIP vision tower and its projector in float32 in a bfloat16 model, and on the H200 their
 float32 GEMMs are most of the prefix pass (README). In bfloat16 they are several times faster,
 and the actions are no longer LeRobot's bit for bit: they are those of LeRobot's model with the
-same two modules cast (tested), within the bound the README states against LeRobot's own.
+same two modules cast (tested), off LeRobot's own by rounding (the README says how far that
+was on random weights; a trained checkpoint must be measured, benchmarks/vla_pi0.py --vision).
 
 LeRobot 0.4's Pi0 and Pi0.5 need a transformers fork that is not on PyPI and are refused; so
 are real-time chunking and relative actions (not yet).
