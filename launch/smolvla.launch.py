@@ -44,6 +44,9 @@ def _nodes(context):
     if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
         params['action_joint_names'] = _list(a['action_joint_names'])
     if a['vision_dtype']:
+        if kind not in ('pi0', 'pi05'):
+            raise RuntimeError(f'vision_dtype is a pi0 / pi05 option; {a["checkpoint"]} is '
+                               f'a {kind} checkpoint')
         params['vision_dtype'] = a['vision_dtype']
     policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
                   output='screen', remappings=remaps, parameters=[params])

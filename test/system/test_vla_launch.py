@@ -98,3 +98,18 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path):
             status = launch.wait()
         log.close()
     assert status == 0, (tmp_path / 'launch.log').read_text()[-3000:]
+
+
+@_needs_ros2
+def test_vision_dtype_on_a_checkpoint_without_that_option_is_refused(tmp_path):
+    """vision_dtype is a Pi0 / Pi0.5 option: given with a SmolVLA checkpoint, the launch ends
+    with an error that says so, before any node starts (it would change nothing)."""
+    folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
+    out = subprocess.run(
+        [ROS2, 'launch', 'flashrt_ros', 'smolvla.launch.py', f'checkpoint:={folder}',
+         'camera_topics:=' + ','.join(f'{k}=/cam{i}' for i, k in enumerate(CAMERAS)),
+         'joint_names:=a', 'vision_dtype:=bfloat16'], capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, ROS_HOME=str(tmp_path)))
+    assert out.returncode != 0
+    assert 'vision_dtype is a pi0 / pi05 option' in out.stdout + out.stderr
+    assert 'policy_node' not in out.stdout + out.stderr
