@@ -44,7 +44,8 @@ def _nodes(context):
     if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
         params['action_joint_names'] = _list(a['action_joint_names'])
     if a['vision_dtype']:
-        if kind not in ('pi0', 'pi05'):
+        from flashrt_ros.runtime.policies import KINDS     # the classes that take it
+        if 'vision_dtype' not in getattr(KINDS.get(kind, (None,))[0], 'checkpoint_options', ()):
             raise RuntimeError(f'vision_dtype is a pi0 / pi05 option; {a["checkpoint"]} is '
                                f'a {kind} checkpoint')
         params['vision_dtype'] = a['vision_dtype']

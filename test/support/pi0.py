@@ -16,7 +16,9 @@ CHUNK, STEPS = 8, 3         # chunk_size, n_action_steps
 
 
 @contextlib.contextmanager
-def _small_sizes():
+def small_sizes():
+    """Inside: LeRobot builds its Pi0 / Pi0.5 at this module's sizes (from_pretrained of a
+    checkpoint() folder too)."""
     from lerobot.policies.pi0 import modeling_pi0
     from lerobot.policies.pi05 import modeling_pi05
     from transformers import CONFIG_MAPPING
@@ -44,14 +46,6 @@ def _small_sizes():
         CONFIG_MAPPING.register('paligemma', real_paligemma, exist_ok=True)
 
 
-@contextlib.contextmanager
-def small_sizes():
-    """Inside: LeRobot builds its Pi0 / Pi0.5 at this module's sizes (from_pretrained of a
-    checkpoint() folder too)."""
-    with _small_sizes():
-        yield
-
-
 def pi0(seed=0, kind='pi0', **options):
     """(PI0Policy, or PI05Policy for kind 'pi05', in eval mode on the CPU, its statistics:
     mean / std for Pi0, quantiles for Pi0.5 as their configs ask): random weights from
@@ -69,7 +63,7 @@ def pi0(seed=0, kind='pi0', **options):
         output_features={'action': PolicyFeature(FeatureType.ACTION, (ACT_DIM,))},
         **{**dict(chunk_size=CHUNK, n_action_steps=STEPS, tokenizer_max_length=TOKENS,
                   device='cpu'), **options})
-    with torch.random.fork_rng(), _small_sizes():
+    with torch.random.fork_rng(), small_sizes():
         torch.manual_seed(seed)
         policy = Policy(config).eval()
     gen = torch.Generator().manual_seed(seed + 1)
