@@ -10,7 +10,9 @@
 # test/unit/test_lerobot_{chunk,pi0}.py and the node's test/ros/test_vla_node.py there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON312=${PYTHON312:-$(command -v python3.12 || echo "$HOME/.pyenv/versions/3.12.1/bin/python")}
+# (a pyenv shim named python3.12 may exist and not run: try it)
+PYTHON312=${PYTHON312:-$(python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null \
+    || echo "$HOME/.pyenv/versions/3.12.1/bin/python")}
 VENV=${LEROBOT06_VENV:-$ROOT/.venv-lerobot06}
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON312" -m venv "$VENV"

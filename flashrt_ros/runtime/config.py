@@ -113,14 +113,14 @@ class HistoryConfig(PolicyConfig):
 
 
 @dataclass
-class SmolVLAConfig(PolicyConfig):
-    '''A LeRobot SmolVLA checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim
-    and act_dim must be the checkpoint's (state, each camera's 3 x H x W, the instruction's
-    token ids and mask; its action size).'''
+class LeRobotConfig(PolicyConfig):
+    '''A LeRobot checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim and act_dim
+    must be the checkpoint's (state, each camera's 3 x H x W, for a language policy the
+    instruction's token ids and mask; its action size).'''
 
 
 @dataclass
-class ACTConfig(SmolVLAConfig):
+class ACTConfig(LeRobotConfig):
     '''A LeRobot ACT checkpoint folder (policy_file): obs_dim the state and each camera's
     3 x H x W (no instruction), act_dim its action size.'''
 
@@ -129,6 +129,32 @@ class ACTConfig(SmolVLAConfig):
 class DiffusionConfig(ACTConfig):
     '''A LeRobot Diffusion Policy checkpoint folder (policy_file): obs_dim and act_dim as
     ACT's (one observation; the policy keeps its own history).'''
+
+
+@dataclass
+class SmolVLAConfig(LeRobotConfig):
+    '''A LeRobot SmolVLA checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim
+    and act_dim must be the checkpoint's (state, each camera's 3 x H x W, the instruction's
+    token ids and mask; its action size). rtc_*: real-time chunking (policies/lerobot_rtc.py).'''
+
+    rtc_delay: int = param(
+        -1, 'real-time chunking: the steps a chunk\'s computation is given (LeRobot\'s '
+        'inference_delay, fixed): the next chunk is computed while the queue plays and '
+        'replaces it this many steps later. -1: off (a chunk when the queue runs empty)',
+        low=-1)
+    rtc_queue_threshold: int = param(
+        0, 'real-time chunking: the actions left in the queue when the next chunk is '
+        'launched (LeRobot\'s action_queue_size_to_get_new_actions); rtc_delay <= it < '
+        'chunk_size - rtc_delay', low=0)
+    rtc_execution_horizon: int = param(
+        10, 'real-time chunking: the actions of the old chunk the new one is guided toward '
+        '(RTCConfig.execution_horizon)', low=1)
+    rtc_schedule: str = param('linear', 'real-time chunking: the guidance weights over the '
+                              'horizon (RTCConfig.prefix_attention_schedule)',
+                              choices=('zeros', 'ones', 'linear', 'exp'))
+    rtc_max_guidance_weight: float = param(
+        10.0, 'real-time chunking: the guidance weight\'s clamp (RTCConfig.max_guidance_weight)',
+        low=1e-9)
 
 
 @dataclass

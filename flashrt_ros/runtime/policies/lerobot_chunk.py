@@ -32,7 +32,7 @@ are kept at capture (graph.HostConstants); SigLIP's patch position ids, which tr
 computes with host-synchronising ops, are recorded from transformers' own computation once
 (SmolVLAChunkPolicy._fixed_positions). On the CPU the same function runs eagerly.
 
-Not yet (issue 24): real-time chunking.
+Real-time chunking (the next chunk computed while the queue plays) is in lerobot_rtc.py.
 '''
 
 import torch
@@ -235,6 +235,17 @@ class LanguageChunkPolicy(LeRobotChunkPolicy):
         ids (0) and an attention mask (1) instead, in place.'''
         obs[..., -2 * self.tokens:-self.tokens] = 0
         obs[..., -self.tokens:] = 1
+
+    def _chunk_outputs(self, actions):
+        '''A chunk's outputs from the model's normalised actions [1, chunk_size,
+        max_action_dim]: the queue (the first n_action_steps, unnormalised as LeRobot's
+        post-processor does it) and, for real-time chunking, the whole chunk as the model gave
+        it ('original': the next chunk is guided toward what is left of it).'''
+        actions = actions[0, :, :self.act_dim]
+        out = {'queue': self._normalised('action', actions[:self.steps], True)}
+        if getattr(self, 'rtc', None) is not None:
+            out['original'] = actions
+        return out
 
     def noise(self, rng=None):
         '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure

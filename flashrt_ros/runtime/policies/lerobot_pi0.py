@@ -28,7 +28,7 @@ same two modules cast (tested), off LeRobot's own by rounding (the README says h
 was on random weights; a trained checkpoint must be measured, benchmarks/vla_pi0.py --vision).
 
 LeRobot 0.4's Pi0 and Pi0.5 need a transformers fork that is not on PyPI and are refused; so
-are real-time chunking and relative actions (not yet).
+are relative actions (not yet). Real-time chunking: lerobot_rtc.py.
 '''
 
 from importlib.metadata import version
@@ -37,31 +37,30 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_prefix import KeptPrefixPolicy
+from .lerobot_rtc import RealTimeChunkPolicy, RTC_OPTIONS
 
 
-class Pi0ChunkPolicy(KeptPrefixPolicy):
+class Pi0ChunkPolicy(RealTimeChunkPolicy):
     '''A lerobot PI0Policy (LeRobot >= 0.6): the chunk, its cursor, the noise's rng counter and
     the last chunk's prefix are the arena state.'''
 
     kind = 'pi0'
     state_input = True      # sample_actions takes the padded state (Pi0.5's does not)
-    checkpoint_options = ('vision_dtype',)
+    checkpoint_options = RTC_OPTIONS + ('vision_dtype',)
     computation = ('paligemma_variant', 'action_expert_variant', 'dtype', 'chunk_size',
                    'max_state_dim', 'max_action_dim', 'num_inference_steps', 'min_period',
                    'max_period', 'image_resolution', 'empty_cameras')
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0,
-                 vision_dtype='float32'):
+                 vision_dtype='float32', **rtc):
         cfg = lerobot_policy.config
         release = version('lerobot')
         if tuple(int(p) for p in release.split('.')[:2]) < (0, 6):
             raise InvalidConfig(f'{self.kind}: LeRobot {release}\'s is not supported (it '
                                 'needs a transformers fork); LeRobot 0.6.1\'s is '
                                 '(requirements/vla-lerobot06.txt, Python >= 3.12)')
-        if cfg.rtc_config is not None or getattr(cfg, 'use_relative_actions', False):
-            raise InvalidConfig(f'{self.kind}: real-time chunking and relative actions are not '
-                                'supported yet')
+        if getattr(cfg, 'use_relative_actions', False):
+            raise InvalidConfig(f'{self.kind}: relative actions are not supported yet')
         self.tokens = int(cfg.tokenizer_max_length)
         if vision_dtype not in ('float32', 'bfloat16'):
             raise InvalidConfig(f'{self.kind}: vision_dtype {vision_dtype!r}: float32 '
@@ -70,6 +69,7 @@ class Pi0ChunkPolicy(KeptPrefixPolicy):
             raise InvalidConfig(f'{self.kind}: vision_dtype bfloat16 needs a bfloat16 model '
                                 f'(the checkpoint\'s dtype is {cfg.dtype})')
         super().__init__(lerobot_policy, stats, cameras, seed)
+        self.setup_rtc(**rtc)
         self.vision_dtype = vision_dtype
         if vision_dtype == 'bfloat16':      # once nothing else can refuse the model
             vision_in_bfloat16(lerobot_policy)
@@ -106,9 +106,9 @@ class Pi0ChunkPolicy(KeptPrefixPolicy):
         actions = euler_integrate(
             lambda x, t: model.denoise_step(prefix_pad_masks=pad, past_key_values=kv, x_t=x,
                                             timestep=t, **state),
-            self.noise(self._chunk_rng), self.lerobot.config.num_inference_steps)
-        return {'queue': self._normalised('action', actions[0, :self.steps, :self.act_dim],
-                                          True)}
+            self.noise(self._chunk_rng), self.lerobot.config.num_inference_steps,
+            **self._guidance)
+        return self._chunk_outputs(actions)
 
 
 def vision_in_bfloat16(lerobot_policy):

@@ -87,14 +87,20 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
             kv.update(c['prefix_k'][i], c['prefix_v'][i], i)
         return kv
 
+    def _prefix_is(self, obs):
+        '''Whether the session's kept prefix came from obs (its bits): one read of the
+        device.'''
+        v = self.views
+        same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
+        return bool(same & (v['prefix_ready'] == 1).all())
+
     def _replay(self, obs):
         '''A chunk; the denoising steps alone when the session's prefix came from obs (its
         bits), one read of the device to know.'''
         if self._chunk_graph is None:
             self.capture(False)
         v = self.views
-        same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
-        if bool(same & (v['prefix_ready'] == 1).all()):
+        if self._prefix_is(obs):
             for name in PREFIX:
                 self._cache[name].copy_(v[name])
             self._chunk_obs.copy_(obs)

@@ -14,10 +14,10 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_prefix import KeptPrefixPolicy
+from .lerobot_rtc import RealTimeChunkPolicy
 
 
-class SmolVLAChunkPolicy(KeptPrefixPolicy):
+class SmolVLAChunkPolicy(RealTimeChunkPolicy):
     '''A lerobot SmolVLAPolicy: the prefix KV cache of every layer, its pad mask and the
     noise's rng counter are arena state too.'''
 
@@ -28,17 +28,17 @@ class SmolVLAChunkPolicy(KeptPrefixPolicy):
                    'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
                    'max_period', 'use_cache', 'empty_cameras')
 
-    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0, **rtc):
         cfg = lerobot_policy.config
-        if getattr(cfg, 'adapt_to_pi_aloha', False) or getattr(cfg, 'rtc_config', None) \
-                or not cfg.use_cache:
-            raise InvalidConfig('smolvla: adapt_to_pi_aloha, real-time chunking and use_cache '
-                                'false are not supported yet')
+        if getattr(cfg, 'adapt_to_pi_aloha', False) or not cfg.use_cache:
+            raise InvalidConfig('smolvla: adapt_to_pi_aloha and use_cache false are not '
+                                'supported yet')
         # LeRobot 0.4: the cache a dict filled on request; 0.6: a DynamicCache
         self._dict_cache = 'fill_kv_cache' in inspect.signature(
             lerobot_policy.model.vlm_with_expert.forward).parameters
         self.tokens = int(cfg.tokenizer_max_length)
         super().__init__(lerobot_policy, stats, cameras, seed)
+        self.setup_rtc(**rtc)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
         # the cache's layout, from one prefix pass on zeros that records the position ids
         self.learn_layout(*self._prefix(
@@ -78,9 +78,20 @@ class SmolVLAChunkPolicy(KeptPrefixPolicy):
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
-            x = x + dt * model.denoise_step(x_t=x, prefix_pad_masks=c['prefix_pad'],
-                                            past_key_values=kv, timestep=t)
-        return {'queue': self._normalised('action', x[0, :self.steps, :self.act_dim], True)}
+
+            def velocity(x_t, t=t):
+                return model.denoise_step(x_t=x_t, prefix_pad_masks=c['prefix_pad'],
+                                          past_key_values=kv, timestep=t)
+            if self._guidance:      # real-time chunking: sample_actions' RTC branch
+                g = self._guidance
+                v = g['rtc_processor'].denoise_step(
+                    x_t=x, prev_chunk_left_over=g['prev_chunk_left_over'],
+                    inference_delay=g['inference_delay'], time=1.0 + k * dt,
+                    original_denoise_step_partial=velocity, execution_horizon=None)
+            else:
+                v = velocity(x)
+            x = x + dt * v
+        return self._chunk_outputs(x)
 
     def _vision_embeddings(self):
         return self.lerobot.model.vlm_with_expert.get_vlm_model().vision_model.embeddings

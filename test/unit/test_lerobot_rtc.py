@@ -1,0 +1,142 @@
+"""Real-time chunking on the engine (runtime/policies/lerobot_rtc.py), SmolVLA: the actions are
+LeRobot's own RTC loop (its RTCProcessor guidance, its ActionQueue) bit for bit, with the
+delay fixed; the guidance is load-bearing; a capsule taken while a chunk is in flight lands the
+same chunk at the same step, 8 times, after a rollback and in a fresh process; settings that
+cannot work are refused. The model is the tiny SmolVLA LeRobot builds offline
+(support/smolvla.py); Pi0 and Pi0.5 are in test_lerobot_pi0.py."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
+                    reason='needs lerobot and transformers (requirements/vla.txt)')
+
+from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy  # noqa: E402
+
+from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
+from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
+from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
+from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
+from support.smolvla import checkpoint, frames, pipeline, vectors, vlm_folder  # noqa: E402
+
+CHUNK, SEED, HORIZON = 8, 7, 4     # the demo checkpoint's chunk_size; noise seed; horizon
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    return checkpoint(vlm_folder(tmp_path_factory.mktemp('smolvlm')),
+                      tmp_path_factory.mktemp('checkpoint'))
+
+
+def _engine(folder, tmp_path, device='cpu', delay=2, threshold=3):
+    policy = SmolVLAChunkPolicy.from_pretrained(
+        folder, seed=SEED, rtc_delay=delay, rtc_queue_threshold=threshold,
+        rtc_execution_horizon=HORIZON, rtc_schedule='exp')
+    return PolicyEngine(policy, device=device, capsule_dir=str(tmp_path / 'capsules'))
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('delay', [0, 2])
+def test_actions_equal_lerobots_real_time_chunking_loop(folder, tmp_path, device, delay):
+    """Four chunks (the first at once, then each launched with 3 actions left and landing
+    `delay` steps later): LeRobot's loop's actions bit for bit; without the guidance
+    (no leftover) LeRobot's actions differ from the second chunk on."""
+    reference, (pre, post) = SmolVLAPolicy.from_pretrained(folder).eval().to(device), \
+        pipeline(folder)
+    engine = _engine(folder, tmp_path, device, delay=delay)
+    policy = engine.policy
+    assert policy._guided[False].captured == (device == 'cuda')
+    batch = frames(20, seed=2)
+    shape = (1, CHUNK, 16)
+    want = lerobots_rtc_actions(reference, pre, post, batch, rtc_config(HORIZON), delay, 3,
+                                SEED, shape, device)
+    got, landed = [], []
+    for obs in vectors(folder, batch):
+        got.append(engine.step(obs).cpu())
+        landed.append(policy.fresh_chunk(policy.views) is not None)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), \
+        [t for t, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
+    first = CHUNK - 3       # the step that launches the second chunk
+    # then every CHUNK - 3 steps: a landed chunk holds CHUNK - delay, launches with 3 left
+    assert [t for t, x in enumerate(landed) if x][:3] == [0, first + delay,
+                                                         first + delay + CHUNK - 3]
+    unguided = lerobots_rtc_actions(reference, pre, post, batch, rtc_config(HORIZON), delay,
+                                    3, SEED, shape, device, guided=False)
+    assert all(torch.equal(a, b) for a, b in zip(unguided[:first + delay], want))
+    assert not torch.equal(unguided[first + delay], want[first + delay])
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_capsule_taken_in_flight_lands_the_same_chunk(folder, tmp_path, device):
+    """Snapshot one step after a launch (the chunk in flight): the run after it (the landing,
+    the next launch and landing) replays bit for bit 8 times, after a rollback into the flight,
+    after a different episode ran in between, and in a fresh process."""
+    engine = _engine(folder, tmp_path, device)
+    obs = vectors(folder, frames(18, seed=4))
+    for o in obs[:CHUNK - 3 + 1]:
+        engine.step(o)
+    assert engine.policy.views['left'].tolist()[1] == 1      # one step to landing
+    engine.snapshot('flight')
+    later = obs[CHUNK - 3 + 1:]
+    want = torch.stack([engine.step(o) for o in later])
+    other = vectors(folder, frames(CHUNK, seed=9))
+    for i in range(8):
+        engine.restore('flight')
+        if i % 2:           # another episode's chunk in flight meanwhile
+            engine.reset_episode()
+            for o in other:
+                engine.step(o)
+            engine.restore('flight')
+        assert torch.equal(torch.stack([engine.step(o) for o in later]), want), i
+    engine.restore('flight')
+    for o in later[:3]:
+        engine.step(o)
+    engine.rollback(2)      # back into the next flight
+    assert torch.equal(torch.stack([engine.step(o) for o in later[1:]]), want[1:])
+    path = tmp_path / 'capsules' / 'flight.capsule'
+    engine.save('flight', str(path))
+    np.save(tmp_path / 'later.npy', np.stack(later))
+    script = (
+        'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
+        'from test_lerobot_rtc import _engine\n'
+        'e = _engine(%r, pathlib.Path(%r), %r)\n'
+        'e.load(%r, "flight")\n'
+        'e.restore("flight")\n'
+        'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
+        % (sys.path, folder, str(tmp_path), device, str(path), str(tmp_path / 'later.npy')))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])), want)
+
+
+def test_settings_that_cannot_work_are_refused(folder, tmp_path):
+    """The old queue must last the delay, a landed chunk must hold more than the threshold;
+    a checkpoint that enables RTC itself is refused (the node sets it); a capsule of other RTC
+    settings is not restored (they change the actions)."""
+    for delay, threshold in ((3, 2), (2, 6), (0, 0), (4, 4)):
+        with pytest.raises(InvalidConfig, match='rtc_delay <= rtc_queue_threshold'):
+            _engine(folder, tmp_path, delay=delay, threshold=threshold)
+    with pytest.raises(InvalidConfig, match='rtc_schedule'):
+        SmolVLAChunkPolicy.from_pretrained(folder, rtc_delay=1, rtc_queue_threshold=2,
+                                           rtc_schedule='cosine')
+    from lerobot.processor import NormalizerProcessorStep
+    stats = next(s.stats for s in pipeline(folder)[0].steps
+                 if isinstance(s, NormalizerProcessorStep))
+    lerobot = SmolVLAPolicy.from_pretrained(folder)
+    lerobot.config.rtc_config = rtc_config(HORIZON)
+    with pytest.raises(InvalidConfig, match='enables real-time chunking'):
+        SmolVLAChunkPolicy(lerobot, stats=stats, rtc_delay=1, rtc_queue_threshold=2)
+    with pytest.raises(InvalidConfig, match='enables real-time chunking'):
+        SmolVLAChunkPolicy(lerobot, stats=stats)        # (it would be ignored)
+    a = _engine(folder, tmp_path)
+    a.snapshot('a')
+    a.save('a', str(tmp_path / 'capsules' / 'a.capsule'))
+    b = _engine(folder, tmp_path, delay=1)
+    with pytest.raises(IncompatibleCapsule):
+        b.load(str(tmp_path / 'capsules' / 'a.capsule'), 'a')
