@@ -10,6 +10,8 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     [action_joint_names:=<the arm's joints>] [chunk_period:=0.0] [device:=auto]
     [action_topic:=/robot/cmd] [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
+    [rtc_delay:=3 rtc_queue_threshold:=10 [rtc_execution_horizon:=10] [rtc_schedule:=linear]
+     [rtc_max_guidance_weight:=10.0]]   (smolvla, pi0, pi05: real-time chunking, README)
 
 The observation size and the action size come from the checkpoint (read when the launch
 starts: LeRobot is imported then). The instruction may change later on
@@ -22,10 +24,15 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from flashrt_ros.runtime.policies.lerobot_rtc import RTC_OPTIONS
+
 ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
              'instruction': '', 'camera_types': '', 'joint_states': '/joint_states',
              'action_joint_names': '', 'chunk_period': '0.0', 'device': 'auto',
-             'action_topic': '', 'action_chunk_topic': '', 'vision_dtype': ''}
+             'action_topic': '', 'action_chunk_topic': '', 'vision_dtype': '',
+             **{k: '' for k in RTC_OPTIONS}}
+# the options a checkpoint's policy class takes beyond the checkpoint (checkpoint_options)
+OPTIONS = ('vision_dtype', *RTC_OPTIONS)
 
 
 def _list(text):
@@ -43,12 +50,19 @@ def _nodes(context):
               'device': a['device'], 'chunk_period': float(a['chunk_period'])}
     if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
         params['action_joint_names'] = _list(a['action_joint_names'])
-    if a['vision_dtype']:
-        from flashrt_ros.runtime.policies import KINDS     # the classes that take it
-        if 'vision_dtype' not in getattr(KINDS.get(kind, (None,))[0], 'checkpoint_options', ()):
-            raise RuntimeError(f'vision_dtype is a pi0 / pi05 option; {a["checkpoint"]} is '
-                               f'a {kind} checkpoint')
-        params['vision_dtype'] = a['vision_dtype']
+    given = [k for k in OPTIONS if a[k]]
+    if given:
+        from dataclasses import fields
+
+        from flashrt_ros.runtime.policies import KINDS     # the classes that take them
+        cls, config = KINDS.get(kind, (None, None))
+        for k in given:
+            if k not in getattr(cls, 'checkpoint_options', ()):
+                takes = sorted(n for n, (c, _) in KINDS.items()
+                               if k in getattr(c, 'checkpoint_options', ()))
+                raise RuntimeError(f'{k} is an option of {" / ".join(takes)}; '
+                                   f'{a["checkpoint"]} is a {kind} checkpoint')
+            params[k] = {f.name: f.type for f in fields(config)}[k](a[k])   # int, float, str
     policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
                   output='screen', remappings=remaps, parameters=[params])
     inputs = Node(package='flashrt_ros', executable='vla_inputs', name='vla_inputs',

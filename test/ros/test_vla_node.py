@@ -191,6 +191,44 @@ def test_each_chunk_goes_out_as_a_trajectory_a_controller_takes(make, folder):
             [[float(v) for v in a] for a in actions[k * STEPS:(k + 1) * STEPS]]
 
 
+def test_real_time_chunking_on_the_node(make, folder):
+    """rtc_* parameters: the node's actions are the engine's with real-time chunking (itself
+    LeRobot's RTC loop bit for bit: test_lerobot_rtc.py), a capsule taken while a chunk is in
+    flight replays over ROS, and each landed chunk goes out as a trajectory of the actions
+    from that step on; settings that cannot work are refused at configure."""
+    from trajectory_msgs.msg import JointTrajectory
+
+    from support.common import wait_for
+    rtc = dict(rtc_delay=2, rtc_queue_threshold=3, rtc_execution_horizon=4)
+    names = [f'arm_{i}' for i in range(ACT_DIM)]
+    h = make(_params(folder, action_joint_names=names, chunk_period=0.05, **rtc))
+    chunks = []
+    sub = h.client_node.create_subscription(
+        JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
+    wait_for(lambda: sub.get_publisher_count() > 0 and
+             h.node.parts.robot.sessions[0].chunk_pub.get_subscription_count() > 0,
+             what='the chunk topic to match')
+    obs = vectors(folder, frames(14, seed=6))
+    first = h.steps(obs[:6])            # the second chunk launched at step 5, in flight
+    assert h.call('snapshot', name='flight').success
+    later = h.steps(obs[6:])
+    assert first + later == h.reference(obs)
+    assert h.call('restore', name='flight').success
+    assert h.steps(obs[6:]) == later
+    # landings at steps 0, 7 and 12 (chunk 8: launched with 3 left, 2 steps later), twice
+    # for 7 and 12 (the replay); each: the actions from its step on, chunk_period apart
+    wait_for(lambda: len(chunks) == 5, what='five chunks')
+    actions = first + later
+    for traj, (t, until) in zip(chunks, ((0, 7), (7, 12), (12, 14), (7, 12), (12, 14))):
+        points = [[float(v) for v in p.positions] for p in traj.points]
+        assert len(points) == (8 if t == 0 else 8 - 2)        # the delay's actions dropped
+        # what the node then published, until the next chunk landed and replaced the rest
+        assert points[:until - t] == [[float(v) for v in a] for a in actions[t:until]]
+    bad = make(_params(folder, rtc_delay=4, rtc_queue_threshold=4), start=False)
+    assert not bad.client.change_state('configure')
+    assert bad.node.parts is None
+
+
 def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     """policy_type act: a LeRobot ACT checkpoint folder (state and cameras, no instruction);
     the node's actions are the engine's, and its chunks go out on ~/action_chunk."""

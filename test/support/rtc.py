@@ -21,8 +21,19 @@ def lerobots_rtc_actions(reference, pre, post, frames, config, delay, threshold,
     once), the noise the engine draws for the k-th chunk (seed, k). guided=False: the same
     loop with no leftover passed (no guidance), to show that the guidance changes actions."""
     from lerobot.policies.rtc.action_queue import ActionQueue
+    own = reference.config.rtc_config
     reference.config.rtc_config = config
     reference.init_rtc_processor()
+    try:
+        return _loop(reference, pre, post, frames, config, delay, threshold, seed,
+                     noise_shape, device, guided, ActionQueue)
+    finally:        # the policy as it was (a test's engine may share it)
+        reference.config.rtc_config = own
+        reference.init_rtc_processor()
+
+
+def _loop(reference, pre, post, frames, config, delay, threshold, seed, noise_shape, device,
+          guided, ActionQueue):
     reference.reset()
     queue, pending, chunks, out = ActionQueue(config), None, 0, []
     for t, frame in enumerate(frames):

@@ -34,9 +34,15 @@ def _needs_ros2(test):
     return test
 
 
+RTC = {'rtc_delay': 2, 'rtc_queue_threshold': 3, 'rtc_schedule': 'exp'}
+
+
 @_needs_ros2
 @pytest.mark.slow
-def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path):
+@pytest.mark.parametrize('rtc', [False, True], ids=['queue', 'real_time_chunking'])
+def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, rtc):
+    """rtc: with the rtc_* launch arguments (the whole chunk goes out, 8 actions)."""
+    options = RTC if rtc else {}
     folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
     joints = [f'j{i}' for i in range(STATE_DIM)]
     arm = [f'arm_{i}' for i in range(ACT_DIM)]
@@ -46,7 +52,8 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path):
          'camera_topics:=' + ','.join(f'{k}=/cam{i}' for i, k in enumerate(CAMERAS)),
          'joint_names:=' + ','.join(joints), f'instruction:={TASKS[0]}', 'device:=cpu',
          'action_joint_names:=' + ','.join(arm), 'chunk_period:=0.1',
-         'action_chunk_topic:=/arm_controller/joint_trajectory'],
+         'action_chunk_topic:=/arm_controller/joint_trajectory',
+         *[f'{k}:={v}' for k, v in options.items()]],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env=dict(os.environ, PYTHONUNBUFFERED='1', ROS_HOME=str(tmp_path)))
     rclpy.init()
@@ -81,10 +88,12 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path):
         frame = {'observation.state': torch.from_numpy(state), 'task': TASKS[0],
                  **{k: torch.from_numpy(im.transpose(2, 0, 1).astype(np.float32) /
                                         np.float32(255)) for k, im in images.items()}}
-        engine = PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder), device='cpu',
+        engine = PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, **options),
+                              device='cpu',
                               capsule_dir=str(tmp_path / 'reference'))
         assert actions[0] == engine.step(vectors(folder, [frame])[0]).tolist()
-        assert list(chunks[0].joint_names) == arm and len(chunks[0].points) == 5
+        assert list(chunks[0].joint_names) == arm
+        assert len(chunks[0].points) == (8 if rtc else 5)
         assert list(chunks[0].points[0].positions) == pytest.approx(actions[0], abs=0)
     finally:
         spinner.shutdown()
@@ -111,5 +120,5 @@ def test_vision_dtype_on_a_checkpoint_without_that_option_is_refused(tmp_path):
          'joint_names:=a', 'vision_dtype:=bfloat16'], capture_output=True, text=True,
         timeout=120, env=dict(os.environ, ROS_HOME=str(tmp_path)))
     assert out.returncode != 0
-    assert 'vision_dtype is a pi0 / pi05 option' in out.stdout + out.stderr
+    assert 'vision_dtype is an option of pi0 / pi05;' in out.stdout + out.stderr
     assert 'policy_node' not in out.stdout + out.stderr

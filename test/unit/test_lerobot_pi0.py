@@ -24,6 +24,7 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
 from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
+from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
 from support.prefix import check_changed_bits_recompute, check_restarts_reuse_the_prefix  # noqa
 from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
                          small_sizes, STEPS, vector)
@@ -211,9 +212,41 @@ def test_pi05_tokens_belong_to_one_observation(folder):
     assert not np.array_equal(ids, tokenize('open the drawer', moved)[0])
 
 
+@pytest.mark.parametrize('device', DEVICES)
+def test_real_time_chunking_equals_lerobots_loop_and_a_capsule_in_flight_replays(
+        model, tmp_path, device):
+    """Real-time chunking (runtime/policies/lerobot_rtc.py): LeRobot's own RTC loop (its
+    guidance through euler_integrate, its ActionQueue) bit for bit over four chunks, delay 1,
+    launched with 2 actions left; a capsule taken in flight replays the rest 8 times."""
+    from lerobot.processor.factory import make_default_pre_post_processors
+    policy, stats = model
+    cls = CLASSES[policy.config.type]
+    engine = PolicyEngine(cls(policy, stats=stats, seed=SEED, rtc_delay=1,
+                              rtc_queue_threshold=2, rtc_execution_horizon=3),
+                          device=device, capsule_dir=str(tmp_path / 'capsules'))
+    batch = frames(20, engine.policy.vocabulary, seed=5)
+    got = []
+    for t, f in enumerate(batch):
+        got.append(engine.step(vector(f)).cpu())
+        if t == CHUNK - 2:      # launched at CHUNK - 2, landing at CHUNK - 1
+            assert engine.policy.views['left'].tolist()[1] == 0
+            engine.snapshot('flight')
+    policy.config.device = device
+    pre, post = make_default_pre_post_processors(policy.config, stats)
+    want = lerobots_rtc_actions(policy, pre, post, batch, rtc_config(3, 'linear'), 1, 2, SEED,
+                                (1, CHUNK, 32), device)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), \
+        [t for t, (g, w) in enumerate(zip(got, want)) if not torch.equal(g, w)]
+    later = [vector(f) for f in batch[CHUNK - 1:]]
+    for _ in range(8):
+        engine.restore('flight')
+        assert all(torch.equal(engine.step(o).cpu(), w) for o, w in zip(later,
+                                                                        want[CHUNK - 1:]))
+
+
 def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):
-    """Relative actions and real-time chunking change the actions outside the model: refused
-    at construction. A token id outside the vocabulary is refused before the state moves."""
+    """Relative actions change the actions outside the model: refused at construction. A
+    token id outside the vocabulary is refused before the state moves."""
     policy, stats = model
     policy.config.use_relative_actions = True
     try:

@@ -63,8 +63,8 @@ def test_actions_equal_lerobots_real_time_chunking_loop(folder, tmp_path, device
         [t for t, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
     first = CHUNK - 3       # the step that launches the second chunk
     # then every CHUNK - 3 steps: a landed chunk holds CHUNK - delay, launches with 3 left
-    assert [t for t, x in enumerate(landed) if x][:3] == [0, first + delay,
-                                                         first + delay + CHUNK - 3]
+    landings = [t for t, x in enumerate(landed) if x]
+    assert landings[:3] == [0, first + delay, first + delay + CHUNK - 3]
     unguided = lerobots_rtc_actions(reference, pre, post, batch, rtc_config(HORIZON), delay,
                                     3, SEED, shape, device, guided=False)
     assert all(torch.equal(a, b) for a, b in zip(unguided[:first + delay], want))
