@@ -153,6 +153,23 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
         node.destroy_node()
 
 
+def _chunk_node(make, folder, **more):
+    """A node with action_joint_names, chunk_period 0.05 s and a subscriber matched on
+    ~/action_chunk: (harness, the joint names, the trajectories received)."""
+    from trajectory_msgs.msg import JointTrajectory
+
+    from support.common import wait_for
+    names = [f'arm_{i}' for i in range(ACT_DIM)]
+    h = make(_params(folder, action_joint_names=names, chunk_period=0.05, **more))
+    chunks = []
+    sub = h.client_node.create_subscription(
+        JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
+    wait_for(lambda: sub.get_publisher_count() > 0 and
+             h.node.parts.robot.sessions[0].chunk_pub.get_subscription_count() > 0,
+             what='the chunk topic to match')
+    return h, names, chunks
+
+
 def test_each_chunk_goes_out_as_a_trajectory_a_controller_takes(make, folder):
     """With action_joint_names, each chunk the policy computes goes out once on
     ~/action_chunk: its n_action_steps actions (the ones the next steps publish, in order),
@@ -161,22 +178,13 @@ def test_each_chunk_goes_out_as_a_trajectory_a_controller_takes(make, folder):
     import pathlib
     import time
 
-    from trajectory_msgs.msg import JointTrajectory
-
     from support.common import wait_for
     # the transcription of joint_trajectory_controller's validation (a unit-layer module)
     path = pathlib.Path(__file__).parents[1] / 'unit' / 'test_controller_acceptance.py'
     spec = importlib.util.spec_from_file_location('controller_acceptance', path)
     acceptance = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(acceptance)
-    names = [f'arm_{i}' for i in range(ACT_DIM)]
-    h = make(_params(folder, action_joint_names=names, chunk_period=0.05))
-    chunks = []
-    sub = h.client_node.create_subscription(
-        JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
-    wait_for(lambda: sub.get_publisher_count() > 0 and
-             h.node.parts.robot.sessions[0].chunk_pub.get_subscription_count() > 0,
-             what='the chunk topic to match')
+    h, names, chunks = _chunk_node(make, folder)
     actions = h.steps(vectors(folder, frames(2 * STEPS + 1, seed=4)))
     wait_for(lambda: len(chunks) == 3, what='three chunks')
     time.sleep(0.2)
@@ -196,18 +204,9 @@ def test_real_time_chunking_on_the_node(make, folder):
     LeRobot's RTC loop bit for bit: test_lerobot_rtc.py), a capsule taken while a chunk is in
     flight replays over ROS, and each landed chunk goes out as a trajectory of the actions
     from that step on; settings that cannot work are refused at configure."""
-    from trajectory_msgs.msg import JointTrajectory
-
     from support.common import wait_for
-    rtc = dict(rtc_delay=2, rtc_queue_threshold=3, rtc_execution_horizon=4)
-    names = [f'arm_{i}' for i in range(ACT_DIM)]
-    h = make(_params(folder, action_joint_names=names, chunk_period=0.05, **rtc))
-    chunks = []
-    sub = h.client_node.create_subscription(
-        JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
-    wait_for(lambda: sub.get_publisher_count() > 0 and
-             h.node.parts.robot.sessions[0].chunk_pub.get_subscription_count() > 0,
-             what='the chunk topic to match')
+    h, _, chunks = _chunk_node(make, folder, rtc_delay=2, rtc_queue_threshold=3,
+                               rtc_execution_horizon=4)
     obs = vectors(folder, frames(14, seed=6))
     first = h.steps(obs[:6])            # the second chunk launched at step 5, in flight
     assert h.call('snapshot', name='flight').success
