@@ -129,7 +129,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
             True: StepGraph(lambda: self._guided_fn(True), dev, enabled, host_constants=True)}
         on_gpu = self._guided[False].captured
         self._side = torch.cuda.Stream(dev) if on_gpu else None
-        self._flight = None     # (outputs, whether the prefix was kept) of the last launch
+        self._flight = None     # whether the last launch kept the prefix; None: no launch
 
     @torch.no_grad()
     def _guided_fn(self, kept):
