@@ -54,15 +54,14 @@ def _nodes(context):
     if given:
         from dataclasses import fields
 
-        from flashrt_ros.runtime.policies import KINDS     # the classes that take them
-        cls, config = KINDS.get(kind, (None, None))
+        from flashrt_ros.runtime.policies import KINDS, option_kinds
+        takes = option_kinds()
         for k in given:
-            if k not in getattr(cls, 'checkpoint_options', ()):
-                takes = sorted(n for n, (c, _) in KINDS.items()
-                               if k in getattr(c, 'checkpoint_options', ()))
-                raise RuntimeError(f'{k} is an option of {" / ".join(takes)}; '
+            if kind not in takes[k]:
+                raise RuntimeError(f'{k} is an option of {" / ".join(takes[k])}; '
                                    f'{a["checkpoint"]} is a {kind} checkpoint')
-            params[k] = {f.name: f.type for f in fields(config)}[k](a[k])   # int, float, str
+            types = {f.name: f.type for f in fields(KINDS[kind][1])}
+            params[k] = types[k](a[k])      # int, float or str, as the node declares it
     policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
                   output='screen', remappings=remaps, parameters=[params])
     inputs = Node(package='flashrt_ros', executable='vla_inputs', name='vla_inputs',

@@ -29,7 +29,7 @@ from flashrt_ros.node.term_parameters import term_specs  # noqa: F401
 from flashrt_ros.runtime.config import check_field, check_fields, param
 from flashrt_ros.runtime.errors import InvalidConfig
 from flashrt_ros.runtime.observation import NUMERICS, TERM_TYPES
-from flashrt_ros.runtime.policies import KINDS
+from flashrt_ros.runtime.policies import KINDS, option_kinds
 
 
 @dataclass
@@ -268,14 +268,10 @@ def build(values):
     check('command_outputs', values['command_outputs'])
     node = NodeConfig(**{f.name: values[f.name] for f in fields(NodeConfig)})
     config_cls = KINDS[node.policy_type][1]
-    own = {f.name for f in fields(config_cls)}
     # a checkpoint option (real-time chunking, vision_dtype) set for a kind without it would
     # be ignored, and the user would run other actions than asked for
-    for name in sorted({o for cls, _ in KINDS.values()
-                        for o in getattr(cls, 'checkpoint_options', ())} - own):
-        if values[name] != _default(FIELDS[name]):
-            takes = sorted(k for k, (cls, _) in KINDS.items()
-                           if name in getattr(cls, 'checkpoint_options', ()))
+    for name, takes in sorted(option_kinds().items()):
+        if node.policy_type not in takes and values[name] != _default(FIELDS[name]):
             raise InvalidConfig(f'parameter {name!r} is an option of {" / ".join(takes)}; '
                                 f'policy_type is {node.policy_type}')
     policy = config_cls(**{f.name: values[f.name] for f in fields(config_cls)})

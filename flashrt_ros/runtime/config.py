@@ -112,6 +112,10 @@ class HistoryConfig(PolicyConfig):
         return o
 
 
+# LeRobot's RTCAttentionSchedule values, lower-case (policies/lerobot_rtc.py)
+RTC_SCHEDULES = ('zeros', 'ones', 'linear', 'exp')
+
+
 @dataclass
 class LeRobotConfig(PolicyConfig):
     '''A LeRobot checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim and act_dim
@@ -151,7 +155,7 @@ class SmolVLAConfig(LeRobotConfig):
         '(RTCConfig.execution_horizon)', low=1)
     rtc_schedule: str = param('linear', 'real-time chunking: the guidance weights over the '
                               'horizon (RTCConfig.prefix_attention_schedule)',
-                              choices=('zeros', 'ones', 'linear', 'exp'))
+                              choices=RTC_SCHEDULES)
     rtc_max_guidance_weight: float = param(
         10.0, 'real-time chunking: the guidance weight\'s clamp (RTCConfig.max_guidance_weight)',
         low=1e-9)

@@ -37,9 +37,19 @@ LEROBOT_KINDS = (PolicyKind.SMOLVLA, PolicyKind.ACT,      # policy_file: a check
 
 __all__ = ['ACTChunkPolicy', 'ACTIVATIONS', 'build_policy', 'DiffusionChunkPolicy',
            'FeedForwardPolicy', 'gaussian_noise', 'HistoryPolicy', 'KINDS', 'LEROBOT_KINDS',
-           'linear_scan', 'make_policy', 'ObservationHistory', 'Pi05ChunkPolicy',
+           'linear_scan', 'make_policy', 'ObservationHistory', 'option_kinds', 'Pi05ChunkPolicy',
            'Pi0ChunkPolicy', 'Policy', 'RecurrentPolicy', 'ScriptedPolicy',
            'SmolVLAChunkPolicy', 'TermHistory']
+
+
+def option_kinds():
+    '''{checkpoint option (vision_dtype, rtc_*): the kinds whose policy class takes it}: what
+    the node and the launch refuse for the other kinds, where the option would be ignored.'''
+    out = {}
+    for kind, (cls, _) in KINDS.items():
+        for option in getattr(cls, 'checkpoint_options', ()):
+            out.setdefault(option, []).append(kind)
+    return {option: sorted(kinds) for option, kinds in out.items()}
 
 
 def make_policy(kind, obs_dim, act_dim, *, file='', seed=0, device='cpu', activation='',

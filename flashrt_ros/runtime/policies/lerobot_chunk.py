@@ -239,13 +239,9 @@ class LanguageChunkPolicy(LeRobotChunkPolicy):
     def _chunk_outputs(self, actions):
         '''A chunk's outputs from the model's normalised actions [1, chunk_size,
         max_action_dim]: the queue (the first n_action_steps, unnormalised as LeRobot's
-        post-processor does it) and, for real-time chunking, the whole chunk as the model gave
-        it ('original': the next chunk is guided toward what is left of it).'''
-        actions = actions[0, :, :self.act_dim]
-        out = {'queue': self._normalised('action', actions[:self.steps], True)}
-        if getattr(self, 'rtc', None) is not None:
-            out['original'] = actions
-        return out
+        post-processor does it).'''
+        return {'queue': self._normalised('action', actions[0, :self.steps, :self.act_dim],
+                                          True)}
 
     def noise(self, rng=None):
         '''The flow-matching start of a chunk, [1, chunk_size, max_action_dim]: a pure

@@ -94,6 +94,11 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
         return bool(same & (v['prefix_ready'] == 1).all())
 
+    def _use_kept_prefix(self):
+        '''The session's kept prefix into the static buffers the denoising steps read.'''
+        for name in PREFIX:
+            self._cache[name].copy_(self.views[name])
+
     def _replay(self, obs):
         '''A chunk; the denoising steps alone when the session's prefix came from obs (its
         bits), one read of the device to know.'''
@@ -101,8 +106,7 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
             self.capture(False)
         v = self.views
         if self._prefix_is(obs):
-            for name in PREFIX:
-                self._cache[name].copy_(v[name])
+            self._use_kept_prefix()
             self._chunk_obs.copy_(obs)
             self._run(self._denoise_graph)
             self.prefix_reused += 1

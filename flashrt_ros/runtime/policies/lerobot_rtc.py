@@ -33,6 +33,7 @@ it is dropped: the robot has nothing to play meanwhile.
 
 import torch
 
+from ..config import RTC_SCHEDULES
 from ..errors import InvalidConfig
 from ..graph import StepGraph
 from ..state import BufferSpec
@@ -40,7 +41,6 @@ from .lerobot_prefix import KeptPrefixPolicy
 
 RTC_OPTIONS = ('rtc_delay', 'rtc_queue_threshold', 'rtc_execution_horizon', 'rtc_schedule',
                'rtc_max_guidance_weight')
-SCHEDULES = ('zeros', 'ones', 'linear', 'exp')
 
 
 class RealTimeChunkPolicy(KeptPrefixPolicy):
@@ -70,10 +70,10 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
                 f'{self.kind}: real-time chunking needs rtc_delay <= rtc_queue_threshold < '
                 f'chunk_size - rtc_delay and a threshold >= 1; got delay {d}, threshold '
                 f'{threshold}, chunk_size {chunk}')
-        if rtc_schedule not in SCHEDULES or not rtc_execution_horizon >= 1 or \
+        if rtc_schedule not in RTC_SCHEDULES or not rtc_execution_horizon >= 1 or \
                 not rtc_max_guidance_weight > 0:
             raise InvalidConfig(f'{self.kind}: rtc_schedule {rtc_schedule!r} (one of '
-                                f'{SCHEDULES}), rtc_execution_horizon '
+                                f'{RTC_SCHEDULES}), rtc_execution_horizon '
                                 f'{rtc_execution_horizon} (>= 1), rtc_max_guidance_weight '
                                 f'{rtc_max_guidance_weight} (> 0)')
         from lerobot.configs.types import RTCAttentionSchedule
@@ -131,6 +131,14 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         self._side = torch.cuda.Stream(dev) if on_gpu else None
         self._flight = None     # whether the last launch kept the prefix; None: no launch
 
+    def _chunk_outputs(self, actions):
+        '''With real-time chunking also the whole chunk as the model gave it ('original': the
+        next chunk is guided toward what is left of it).'''
+        out = super()._chunk_outputs(actions)
+        if self.rtc is not None:
+            out['original'] = actions[0, :, :self.act_dim]
+        return out
+
     @torch.no_grad()
     def _guided_fn(self, kept):
         '''A guided chunk (kept: its denoising steps alone, against the static prefix); its
@@ -185,8 +193,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         v = self.views
         kept = self._prefix_is(obs)
         if kept:
-            for name in ('prefix_k', 'prefix_v', 'prefix_pad'):
-                self._cache[name].copy_(v[name])
+            self._use_kept_prefix()
         self._chunk_obs.copy_(obs)
         self._chunk_rng.copy_(rng)
         self._leftover.copy_(v['original'][self.chunk - self.threshold:])

@@ -77,7 +77,8 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
         x = self.noise(self._chunk_rng)
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
-            t = torch.tensor(1.0 + k * dt, dtype=torch.float32, device=x.device).expand(1)
+            time = 1.0 + k * dt
+            t = torch.tensor(time, dtype=torch.float32, device=x.device).expand(1)
 
             def velocity(x_t, t=t):
                 return model.denoise_step(x_t=x_t, prefix_pad_masks=c['prefix_pad'],
@@ -86,7 +87,7 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
                 g = self._guidance
                 v = g['rtc_processor'].denoise_step(
                     x_t=x, prev_chunk_left_over=g['prev_chunk_left_over'],
-                    inference_delay=g['inference_delay'], time=1.0 + k * dt,
+                    inference_delay=g['inference_delay'], time=time,
                     original_denoise_step_partial=velocity, execution_horizon=None)
             else:
                 v = velocity(x)
