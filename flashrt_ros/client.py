@@ -124,13 +124,17 @@ class PolicyClient:
     def _on_status(self, msg):
         self.last_status = msg
 
-    def wait_ready(self, timeout=None):
-        """Waits until every service is offered and the action topic is connected."""
+    def wait_ready(self, timeout=None, observation=True):
+        """Waits until every service is offered and the action topic (and, unless
+        observation is False, the observation topic) is connected. observation False: a
+        node that assembles its observation from readings (observation_type terms, cameras)
+        takes none on ~/observation."""
         deadline = time.monotonic() + (timeout or self.timeout)
         self.wait_services(deadline)
-        wait_matched([self._obs_pub], [self._action_sub], deadline,
-                     f'{self._obs_pub.topic_name} and {self._action_sub.topic_name} are not '
-                     'both connected: is the policy node active?')
+        topics = [self._obs_pub] if observation else []
+        wait_matched(topics, [self._action_sub], deadline,
+                     f'{" and ".join(t.topic_name for t in topics + [self._action_sub])} not '
+                     'connected: is the policy node active?')
 
     def wait_services(self, deadline):
         """Waits until the node offers every service (in the ROS graph; a service's client,

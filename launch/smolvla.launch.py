@@ -1,23 +1,26 @@
 """A LeRobot SmolVLA (or Pi0, Pi0.5, ACT, Diffusion Policy) checkpoint on the robot: the
-flashrt_policy node (policy_type smolvla, pi0, pi05, act or diffusion, from the checkpoint) and
-vla_inputs, which packs the cameras, the joint states and the instruction (of the language
-policies) into its observation.
+flashrt_policy node (policy_type smolvla, pi0, pi05, act or diffusion, from the checkpoint),
+subscribed to the cameras, the joint states and the instruction (of the language policies),
+which it assembles into the policy's observation on its device (observation_type cameras).
 
 ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     camera_topics:=observation.images.top=/camera/top/image_raw[,<key>=<topic>...]
     joint_names:=shoulder,elbow,wrist,gripper,base,lift [instruction:='pick up the cube']
-    [camera_types:=raw,compressed] [joint_states:=/joint_states]
-    [action_joint_names:=<the arm's joints>] [chunk_period:=0.0] [device:=auto]
-    [action_topic:=/robot/cmd] [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
+    [compressed_cameras:=observation.images.wrist] [joint_states:=/joint_states]
+    [control_mode:=timer control_rate:=30.0] [action_joint_names:=<the arm's joints>]
+    [chunk_period:=0.0] [device:=auto] [action_topic:=/robot/cmd]
+    [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
     [rtc_delay:=3 rtc_queue_threshold:=10 [rtc_execution_horizon:=10] [rtc_schedule:=linear]
      [rtc_max_guidance_weight:=10.0]]   (smolvla, pi0, pi05: real-time chunking, README)
 
-The observation size and the action size come from the checkpoint (read when the launch
-starts: LeRobot is imported then). The instruction may change later on
-/vla_inputs/instruction (std_msgs/String). With action_joint_names, each chunk also goes out on
-~/action_chunk as a JointTrajectory; remap it to a joint_trajectory_controller's topic with
-action_chunk_topic.
+control_mode timer (the default here) steps at control_rate (the rate the policy was trained
+at: its dataset's fps) over the newest frames and joint state; lockstep steps once per new
+joint state (a simulator's). The observation size and the action size come from the
+checkpoint (read when the launch starts: LeRobot is imported then). The instruction may
+change later on /flashrt_policy/instruction (std_msgs/String). With action_joint_names, each
+chunk also goes out on ~/action_chunk as a JointTrajectory; remap it to a
+joint_trajectory_controller's topic with action_chunk_topic.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
@@ -27,10 +30,10 @@ from launch_ros.actions import Node
 from flashrt_ros.runtime.policies.lerobot_rtc import RTC_OPTIONS
 
 ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
-             'instruction': '', 'camera_types': '', 'joint_states': '/joint_states',
-             'action_joint_names': '', 'chunk_period': '0.0', 'device': 'auto',
-             'action_topic': '', 'action_chunk_topic': '', 'vision_dtype': '',
-             **{k: '' for k in RTC_OPTIONS}}
+             'instruction': '', 'compressed_cameras': '', 'joint_states': '/joint_states',
+             'control_mode': 'timer', 'control_rate': '30.0', 'action_joint_names': '',
+             'chunk_period': '0.0', 'device': 'auto', 'action_topic': '',
+             'action_chunk_topic': '', 'vision_dtype': '', **{k: '' for k in RTC_OPTIONS}}
 # the options a checkpoint's policy class takes beyond the checkpoint (checkpoint_options)
 OPTIONS = ('vision_dtype', *RTC_OPTIONS)
 
@@ -44,12 +47,17 @@ def _nodes(context):
     from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_sizes
     kind, obs_dim, act_dim = checkpoint_sizes(a['checkpoint'])
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
-                                          ('~/action_chunk', a['action_chunk_topic'])) if dst]
+                                          ('~/action_chunk', a['action_chunk_topic']),
+                                          ('joint_states', a['joint_states'])) if dst]
     params = {'policy_type': kind, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
-              'act_dim': act_dim, 'autostart': True,
+              'act_dim': act_dim, 'autostart': True, 'observation_type': 'cameras',
+              'camera_topics': _list(a['camera_topics']),
+              'joint_names': _list(a['joint_names']), 'instruction': a['instruction'],
+              'control_mode': a['control_mode'], 'control_rate': float(a['control_rate']),
               'device': a['device'], 'chunk_period': float(a['chunk_period'])}
-    if _list(a['action_joint_names']):      # (an empty list has no type for ROS)
-        params['action_joint_names'] = _list(a['action_joint_names'])
+    for key in ('action_joint_names', 'compressed_cameras'):
+        if _list(a[key]):      # (an empty list has no type for ROS)
+            params[key] = _list(a[key])
     given = [k for k in OPTIONS if a[k]]
     if given:
         from dataclasses import fields
@@ -64,15 +72,7 @@ def _nodes(context):
             params[k] = types[k](a[k])      # int, float or str, as the node declares it
     policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
                   output='screen', remappings=remaps, parameters=[params])
-    inputs = Node(package='flashrt_ros', executable='vla_inputs', name='vla_inputs',
-                  output='screen', parameters=[{
-                      'checkpoint': a['checkpoint'], 'policy': '/flashrt_policy',
-                      'camera_topics': _list(a['camera_topics']),
-                      'camera_types': _list(a['camera_types']) or [''],
-                      'joint_names': _list(a['joint_names']),
-                      'joint_state_topic': a['joint_states'],
-                      'instruction': a['instruction']}])
-    return [policy, inputs]
+    return [policy]
 
 
 def generate_launch_description():

@@ -5,11 +5,14 @@ session's guard about the result and publishes. A single-session node is a fleet
 How a tick is triggered depends on the observation type and control mode:
 - float32_array / joint_state: each observation message is a tick of its session (and a
   farm's ~/observations message a tick of every session);
-- terms, lockstep (simulation): a tick once every session that has had readings has the next
-  joint state (with the IMU reading of the same stamp when the terms read one); a session
-  that stops publishing is left behind after lockstep_wait;
-- terms, timer (robot): control_rate ticks over the newest readings; stale or missing ones
-  refuse that session's step.
+- terms, cameras, lockstep (simulation): a tick once every session that has had readings
+  has the next joint state (with the IMU reading of the same stamp when the terms read one;
+  the newest frame of each camera); a session that stops publishing is left behind after
+  lockstep_wait;
+- terms, cameras, timer (robot): control_rate ticks over the newest readings; stale or missing
+  ones refuse that session's step.
+A cameras observation is assembled on the engine's device (camera_readings.py) and stepped
+there as it is.
 
 Everything here runs on the control thread (executors.ControlThread), under the node's lock
 that capsule services and transitions also take: a capsule operation never interleaves with
@@ -19,7 +22,9 @@ import time
 
 from builtin_interfaces.msg import Time
 import numpy as np
+import torch
 
+from flashrt_ros.node.camera_readings import CameraReadings
 from flashrt_ros.runtime.errors import FlashRTError, InvalidObservation
 
 
@@ -55,9 +60,15 @@ class ControlLoop:
         self._obs = np.zeros((n, self.dim), dtype=np.float32)
         self._active = np.zeros(n, dtype=bool)
         self._pending_since = None      # lock-step: when the oldest waiting reading came
-        layout = settings.layout
+        layout, cameras = settings.layout, settings.cameras
         self._timer_keys = sorted(layout.needs - {'raw'}) + [
             'raw:' + t.name for t in layout.terms if t.type == 'raw'] if settings.terms else []
+        self.cameras = None
+        if cameras is not None:     # one session (settings)
+            self.cameras = CameraReadings(cameras, settings.node.joint_names, engine.device)
+            self._timer_keys = ['joint_state'] + ['camera:' + k for k in cameras.topics]
+            if settings.node.instruction:
+                self.cameras.instruction(settings.node.instruction)
 
     # -- the tick ---------------------------------------------------------------------------------
 
@@ -77,6 +88,8 @@ class ControlLoop:
                 self.report.refuse(f'{s.label}the state was poisoned (NaN/Inf); call ~/recover, '
                                    '~/restore or ~/reset_episode (~/reset_session for one '
                                    'session)', level='error')
+            elif torch.is_tensor(row):  # assembled on the device (one session): checked there
+                obs, active[i] = row, True
             elif row.shape != (self.dim,):
                 problem = f'observation has shape {row.shape}, expected ({self.dim},) ' \
                           f'(obs_dim {self.dim})'
@@ -92,7 +105,7 @@ class ControlLoop:
         engine = self.engine
         try:
             actions = engine.step_all(obs, active, [tags.get(i) if active[i] else None
-                                                    for i in range(len(self.sessions))])
+                                                    for i in range(len(self.sessions))]).cpu()
         except FlashRTError as exc:
             self.report.refuse(str(exc))
             return {}
@@ -113,7 +126,7 @@ class ControlLoop:
                 self.robot.publish_commands(s, action)
             else:
                 self._supervised(s, guard.supervisor, action)
-            if self.settings.lockstep or not self.settings.terms:     # one answer per input
+            if self.settings.lockstep or not self.settings.readings:  # one answer per input
                 s.unsent = None if self.robot.reaches(s) else action
             guard.committed()
         return published
@@ -123,7 +136,7 @@ class ControlLoop:
         no subscriber had matched on the node's side: a client still in discovery (its own
         side matched; seen under load, the demo driver waiting 30 s), for which a volatile
         topic keeps nothing. It goes out again once one has matched (on the status timer)."""
-        if self.settings.lockstep or self.settings.terms:
+        if self.settings.readings:
             return      # lock-step re-sends on the world's re-sent readings; timer mode ticks
         for s in self.sessions:
             if s.unsent is not None and self.robot.reaches(s):
@@ -204,15 +217,18 @@ class ControlLoop:
             actions[i] = action
         self.robot.publish_farm_actions(actions)
 
-    # -- terms: assembled from readings -----------------------------------------------------------
+    # -- terms and cameras: assembled from readings ----------------------------------------------
 
-    def _tick_terms(self, sessions, tags):
+    def _tick_readings(self, sessions, tags):
         rows = {}
         for s in sessions:
             get = s.inputs.get
-            raw = {t.name: get('raw:' + t.name, (None,))[0] for t in self.settings.layout.terms
-                   if t.type == 'raw'}
             try:
+                if self.cameras is not None:
+                    rows[s.index] = self.cameras.assemble(get('joint_state', (None,))[0])
+                    continue
+                raw = {t.name: get('raw:' + t.name, (None,))[0]
+                       for t in self.settings.layout.terms if t.type == 'raw'}
                 rows[s.index] = self.settings.layout.assemble(
                     self.engine.session(s.index).step_index,
                     joint_state=get('joint_state', (None,))[0], imu=get('imu', (None,))[0],
@@ -221,6 +237,22 @@ class ControlLoop:
                 self.report.refuse(s.label + str(exc))
         if rows:
             self.tick(rows, tags)
+
+    def on_image(self, s, key, msg, stamp):
+        """A camera's frame, into the observation on the device (a refusal keeps the frame
+        before it)."""
+        try:
+            self.cameras.image(key, msg)
+        except InvalidObservation as exc:
+            self.report.refuse(f'{s.label}{key}: {exc}', key='image')
+            return
+        s.store('camera:' + key, True, stamp)
+
+    def on_instruction(self, s, text):
+        try:
+            self.cameras.instruction(text)
+        except InvalidObservation as exc:
+            self.report.refuse(f'{s.label}{exc}', key='instruction')
 
     def timer_tick(self):
         """Robot: a step at control_rate over the newest readings; stale or missing ones refuse
@@ -242,7 +274,7 @@ class ControlLoop:
             else:
                 ready.append(s)
         if ready:
-            self._tick_terms(ready, {})
+            self._tick_readings(ready, {})
 
     def on_reading(self, s, key):
         """Lock-step (simulation): a session is ready on a new joint state, once the IMU reading
@@ -257,7 +289,7 @@ class ControlLoop:
         if tag == s.stepped_tag:
             self._answered_stamp(s, key, joint[1])
             return
-        if 'imu' in self.settings.layout.needs:
+        if self.settings.terms and 'imu' in self.settings.layout.needs:
             imu = s.inputs.get('imu')
             if imu is None or imu[1] != joint[1]:
                 return              # wait for the matching IMU reading
@@ -297,7 +329,7 @@ class ControlLoop:
             s.stepped_tag, s.pending = s.pending, 0
             s.resend, s.unsent = False, None
             s.answered = {k: s.inputs[k][0] for k in ('joint_state', 'imu') if k in s.inputs}
-        self._tick_terms(ready, tags)
+        self._tick_readings(ready, tags)
 
     def lockstep_deadline(self):
         """A world that stopped publishing must not stall the others: after lockstep_wait the

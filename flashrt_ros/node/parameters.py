@@ -63,10 +63,18 @@ class NodeConfig:
         'float32_array', 'float32_array: ~/observation holds the vector; joint_state: '
         '~/observation is a JointState in joint_names order; terms: assembled from '
         'joint_states, imu, cmd_vel (relative names) and ~/input/<term> by '
-        'observation_terms',
-        choices=('float32_array', 'joint_state', 'terms'))
+        'observation_terms; cameras (a LeRobot checkpoint): assembled on the device from '
+        'camera_topics, joint_states (the state: joint_names) and the instruction',
+        choices=('float32_array', 'joint_state', 'terms', 'cameras'))
     joint_names: list[str] = param([], 'robot joints in action order (joint_state and '
-                                   'terms)')
+                                   'terms); cameras: the joints of the state, in its order')
+    camera_topics: list[str] = param([], "cameras: one 'feature key=topic' per camera of the "
+                                     "checkpoint (e.g. 'observation.images.top=/camera/top/"
+                                     "image_raw'), each a sensor_msgs/Image")
+    compressed_cameras: list[str] = param([], 'cameras: feature keys whose topic is a '
+                                          'sensor_msgs/CompressedImage (JPEG, PNG)')
+    instruction: str = param('', 'cameras, a language policy: the instruction until one comes '
+                             'on ~/instruction (std_msgs/String); empty: steps wait for it')
     action_joint_names: list[str] = param([], 'joint_state: publish ~/action as a JointState '
                                           'with these names (empty: Float32MultiArray)')
     observation_terms: list[str] = param([], 'terms: ordered term names; each term is set '
@@ -94,8 +102,9 @@ class NodeConfig:
                                          'until the first cmd_vel arrives (empty: refuse '
                                          'steps until then)')
     control_mode: str = param(
-        'lockstep', 'terms: lockstep (a step per new joint state, with the IMU reading of the '
-        'same stamp: simulation) or timer (control_rate Hz over the newest readings: robot)',
+        'lockstep', 'terms, cameras: lockstep (a step per new joint state, with the IMU '
+        'reading of the same stamp, or the newest camera frames: simulation) or timer '
+        '(control_rate Hz over the newest readings: robot)',
         choices=('lockstep', 'timer'))
     control_rate: float = param(50.0, 'timer mode: policy steps per second', low=0.1,
                                 high=10000.0)

@@ -190,7 +190,7 @@ class PolicyNode(LifecycleNode):
                 cfg.lockstep_wait / 4, self._guarded(parts.loop.lockstep_deadline,
                                                      'lock-step deadline'),
                 callback_group=self._control_group))
-        if parts.settings.terms and cfg.control_mode == 'timer':
+        if parts.settings.readings and cfg.control_mode == 'timer':
             self._timers.append(self.create_timer(
                 1.0 / cfg.control_rate, self._guarded(parts.loop.timer_tick, 'control'),
                 callback_group=self._control_group))

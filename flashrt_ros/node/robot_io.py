@@ -5,7 +5,8 @@ what the control loop computes is published here.
 A single-session node has one SessionIO: the robot's readings on the relative names
 joint_states, imu and cmd_vel (as robot_state_publisher and nav2 name them: the node's
 namespace alone connects it to a robot), its own API under '~/' (observation, action,
-input/<term>, the command outputs). Session i of a fleet has its own under '<name>/' and
+input/<term>, instruction, the command outputs); a cameras observation's camera topics are
+the ones camera_topics names. Session i of a fleet has its own under '<name>/' and
 '~/<name>/' (one robot's messages stay standard messages in its own namespace).
 Subscriptions are made in the control callback group (see control_loop.py), so readings are
 taken by the control thread and never wait behind services.
@@ -17,8 +18,8 @@ import time
 from geometry_msgs.msg import Twist
 import numpy as np
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import Imu, JointState
-from std_msgs.msg import Float32MultiArray, Float64MultiArray
+from sensor_msgs.msg import CompressedImage, Image, Imu, JointState
+from std_msgs.msg import Float32MultiArray, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.messages import action_message, chunk_message, command_message
@@ -163,6 +164,9 @@ class RobotIO:
                 self._subscribe(JointState, p + 'observation', group, guarded,
                                 lambda msg, s=s: loop.on_joint_observation(s, msg))
                 continue
+            if cfg.observation_type == 'cameras':
+                self._subscribe_cameras(loop, s, group, guarded)
+                continue
             if 'joint_state' in layout.needs:
                 self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
                                 lambda msg, s=s: self._joint_state(loop, s, msg))
@@ -184,15 +188,33 @@ class RobotIO:
             self._subscribe(Float32MultiArray, '~/observations', group, guarded,
                             lambda msg: loop.on_farm_tick(_vector(msg)))
 
-    def _subscribe(self, msg_type, topic, group, guarded, callback):
-        def counted(msg, info):
-            self.counter.saw(topic, info)
+    def _subscribe_cameras(self, loop, s, group, guarded):
+        """A LeRobot checkpoint's cameras, the joint states and ~/instruction. A camera keeps
+        its newest frame only (a step takes that one): a frame replaced before the node read
+        it is no reading lost."""
+        setup = self.settings.cameras
+        self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
+                        lambda msg: self._joint_state(loop, s, msg))
+        newest = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+                            reliability=self.qos.reliability)
+        for key, topic in setup.topics.items():
+            self._subscribe(CompressedImage if key in setup.compressed else Image, topic, group,
+                            guarded, lambda msg, key=key: loop.on_image(s, key, msg,
+                                                                        stamp_of(msg)),
+                            newest, counted=False)
+        self._subscribe(String, s.prefix + 'instruction', group, guarded,
+                        lambda msg: loop.on_instruction(s, msg.data))
+
+    def _subscribe(self, msg_type, topic, group, guarded, callback, qos=None, counted=True):
+        def seen(msg, info):
+            if counted:
+                self.counter.saw(topic, info)
             callback(msg)
-        run = guarded(counted, topic)
+        run = guarded(seen, topic)
 
         def take(msg, info):    # two named parameters: rclpy then passes the message info
             run(msg, info)
-        self._subs.append(self._create_sub(msg_type, topic, take, self.qos,
+        self._subs.append(self._create_sub(msg_type, topic, take, qos or self.qos,
                                            callback_group=group))
 
     @staticmethod

@@ -3,8 +3,8 @@
 `load_settings(node)` turns the declared parameters (parameters.py) into one `Settings`: the
 node's NodeConfig and the policy's config (typed, read by attribute), the device, the capsule
 directory, the session names and, for joint_state and terms observations, the observation
-layout and joint targets. Every rule that spans several parameters lives here, and each
-refusal names the parameter to change.
+layout and joint targets (for cameras observations, the cameras' setup). Every rule that spans
+several parameters lives here, and each refusal names the parameter to change.
 """
 from dataclasses import dataclass, field
 import os
@@ -33,14 +33,34 @@ class Settings:
     session_names: list = field(default_factory=list)   # [] for a single session
     layout: ObservationLayout = None  # joint_state and terms observations
     targets: JointTargets = None      # terms: actions -> joint commands
+    cameras: 'CameraSetup' = None     # cameras observations
 
     @property
     def terms(self):
         return self.node.observation_type == 'terms'
 
     @property
+    def readings(self):
+        """The observation is assembled from the robot's readings (terms, cameras), ticked by
+        control_mode, rather than given whole in one message."""
+        return self.node.observation_type in ('terms', 'cameras')
+
+    @property
     def lockstep(self):
-        return self.terms and self.node.control_mode == 'lockstep'
+        return self.readings and self.node.control_mode == 'lockstep'
+
+
+@dataclass
+class CameraSetup:
+    """observation_type cameras: what the checkpoint's observation holds (checkpoint_inputs)
+    and where each camera comes from."""
+
+    topics: dict            # camera key -> topic, in the checkpoint's order
+    compressed: set         # the keys whose topic is a CompressedImage
+    cameras: dict           # camera key -> (3, H, W)
+    tokens: int             # the instruction's token count (0: the policy takes none)
+    tokenize: object        # checkpoint_inputs' tokenize(text, state=None), or None
+    state_dim: int
 
 
 def build_engine(settings, clock=time.time):
@@ -117,6 +137,31 @@ def _terms_layout(node, cfg, policy):
     return layout, targets
 
 
+def _camera_setup(cfg, policy):
+    _need(cfg.policy_type in LEROBOT_KINDS, 'observation_type', 'cameras',
+          f'a LeRobot checkpoint\'s observation (policy_type {" / ".join(LEROBOT_KINDS)})')
+    _need(bool(policy.policy_file), 'policy_file', policy.policy_file,
+          'cameras: the checkpoint folder (its cameras, state and tokenizer)')
+    _need(cfg.sessions == 1, 'sessions', cfg.sessions, 'cameras: one session per node')
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs, \
+        observation_size
+    cameras, tokens, tokenize = checkpoint_inputs(policy.policy_file)
+    topics = dict(entry.split('=', 1) for entry in cfg.camera_topics if '=' in entry)
+    _need(len(topics) == len(cfg.camera_topics) and set(topics) == set(cameras) and
+          all(topics.values()), 'camera_topics', cfg.camera_topics,
+          f"one 'feature key=topic' for each camera of the checkpoint: {list(cameras)}")
+    _need(set(cfg.compressed_cameras) <= set(cameras), 'compressed_cameras',
+          cfg.compressed_cameras, f'names cameras the checkpoint lacks: {list(cameras)}')
+    _need(not cfg.instruction or tokens, 'instruction', cfg.instruction,
+          f'this {cfg.policy_type} checkpoint takes no instruction')
+    state_dim = policy.obs_dim - observation_size(0, cameras, tokens)
+    _need(len(cfg.joint_names) == state_dim, 'joint_names', cfg.joint_names,
+          f'cameras: the {state_dim} joints of the state, in its order (obs_dim {policy.obs_dim}'
+          ' less the images and tokens)')
+    return CameraSetup({k: topics[k] for k in cameras}, set(cfg.compressed_cameras), cameras,
+                       tokens, tokenize, state_dim)
+
+
 def _session_names(cfg):
     if cfg.sessions == 1:
         _need(not cfg.session_names, 'session_names', cfg.session_names,
@@ -142,15 +187,17 @@ def load_settings(node):
               cfg.action_joint_names, 'must be empty or hold act_dim names')
     _need(len(set(cfg.joint_names)) == len(cfg.joint_names), 'joint_names', cfg.joint_names,
           'names a joint twice')
-    layout = targets = None
+    layout = targets = cameras = None
     if cfg.observation_type == 'joint_state':
         layout = _joint_state_layout(cfg, policy)
     elif cfg.observation_type == 'terms':
         layout, targets = _terms_layout(node, cfg, policy)
+    elif cfg.observation_type == 'cameras':
+        cameras = _camera_setup(cfg, policy)
     # one directory per node: two robots on one machine never share capsules; under ROS_HOME
     # (default ~/.ros) as ROS keeps its logs
     capsule_dir = cfg.capsule_dir or os.path.join(
         os.environ.get('ROS_HOME') or os.path.join('~', '.ros'), 'flashrt_capsules',
         node.get_fully_qualified_name().lstrip('/'))
     return Settings(cfg, policy, _device(cfg.device), os.path.expanduser(capsule_dir),
-                    _session_names(cfg), layout, targets)
+                    _session_names(cfg), layout, targets, cameras)

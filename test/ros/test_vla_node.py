@@ -1,8 +1,10 @@
 """The policy node with a LeRobot SmolVLA checkpoint (policy_type smolvla, policy_file the
 checkpoint folder): observations in over ~/observation (state, camera images, the
-instruction's token ids and mask), actions out bit for bit those of the same checkpoint on an
-engine without ROS, and the capsule services mid-chunk: a snapshot restored replays the same
-actions across the next chunk. The checkpoint is a tiny SmolVLA LeRobot writes offline.
+instruction's token ids and mask) or assembled by the node from camera, joint state and
+instruction topics (observation_type cameras), actions out bit for bit those of the same
+checkpoint on an engine without ROS, and the capsule services mid-chunk: a snapshot restored
+replays the same actions across the next chunk. The checkpoint is a tiny SmolVLA LeRobot
+writes offline.
 """
 import pytest
 
@@ -85,47 +87,60 @@ def _image_msgs(image, key, t):
     return CompressedImage(format='png', data=buffer.getvalue())
 
 
-def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
-    """vla_inputs packs Image / CompressedImage, JointState (other joints, another order) and
-    the instruction (parameter, then ~/instruction) into the node's observation: its actions
-    are the engine's on the same frames tokenized by LeRobot's own pre-processor."""
-    import numpy as np
+def _camera_node(make, folder, cameras, **more):
+    """A node with observation_type cameras (lock-step) on `cameras` ({key: topic}; the
+    second one compressed) and a robot node publishing them, /joint_states and the
+    node's ~/instruction: (harness, robot node, camera publishers, joint state publisher,
+    instruction publisher)."""
     import rclpy
-    from rclpy.parameter import Parameter
     from sensor_msgs.msg import CompressedImage, Image, JointState
     from std_msgs.msg import String
+
+    from support.common import wait_for
+    keys = list(cameras)
+    h = make(_params(folder, observation_type='cameras', camera_topics=[
+        f'{k}={t}' for k, t in cameras.items()], compressed_cameras=keys[1:2], **more))
+    node = rclpy.create_node(h.name + '_robot')
+    cams = [node.create_publisher(CompressedImage if i else Image, t, 10)
+            for i, t in enumerate(cameras.values())]
+    js = node.create_publisher(JointState, '/joint_states', 10)
+    say = node.create_publisher(String, f'/{h.name}/instruction', 10)
+    wait_for(lambda: all(p.get_subscription_count() for p in cams + [js, say]),
+             what='the camera, joint state and instruction topics to match')
+    return h, node, cams, js, say
+
+
+def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
+    """observation_type cameras: the node takes Image (rgb8, bgr8) and CompressedImage (PNG)
+    frames, JointState (other joints, another order) and the instruction (parameter, then
+    ~/instruction), and assembles the observation on its device: its actions are the
+    engine's on the same frames as LeRobot's datasets give them (uint8 / 255), tokenized by
+    LeRobot's own pre-processor. A frame or joint state it cannot take is refused, named and
+    counted, and changes no action."""
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import Header, String
     import torch
 
-    from flashrt_ros.client import spin_in_thread
-    from flashrt_ros.node.vla_inputs import VLAInputs
     from support.common import wait_for
     from support.smolvla import CAMERAS, STATE_DIM, TASKS
-    h = make(_params(folder))
     joints = [f'j{i}' for i in range(STATE_DIM)]
-    bridge = VLAInputs(h.name + '_inputs', parameter_overrides=[
-        Parameter('checkpoint', value=folder), Parameter('policy', value='/' + h.name),
-        Parameter('camera_topics', value=[f'{k}=/{h.name}/cam{i}' for i, k in
-                                          enumerate(CAMERAS)]),
-        Parameter('camera_types', value=['raw', 'compressed']),
-        Parameter('joint_names', value=joints),
-        Parameter('joint_state_topic', value=f'/{h.name}/joint_states'),
-        Parameter('instruction', value=TASKS[0])])
-    node = rclpy.create_node(h.name + '_robot')
-    spinner = spin_in_thread(bridge)
+    topics = {k: f'/cam{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, say = _camera_node(make, folder, topics, joint_names=joints,
+                                           instruction=TASKS[0])
     try:
-        cams = [node.create_publisher(CompressedImage if i else Image, f'/{h.name}/cam{i}', 10)
-                for i in range(len(CAMERAS))]
-        js = node.create_publisher(JointState, f'/{h.name}/joint_states', 10)
-        say = node.create_publisher(String, f'/{h.name}_inputs/instruction', 10)
-        wait_for(lambda: all(p.get_subscription_count() for p in cams + [js, say]) and
-                 bridge.pub.get_subscription_count(), what='the bridge to connect')
+        readings = h.node.parts.loop.cameras
         rng = np.random.default_rng(5)
         frames, sent = [], 0
+
+        def joint_state(stamp, state, order):     # lock-step: one stamp per step
+            return JointState(name=order, header=Header(stamp=stamp), position=[
+                float(state[joints.index(n)]) if n in joints else 9.0 for n in order])
         for t in range(2 * STEPS + 1):
             if t == STEPS + 1:              # a new instruction mid-run
                 say.publish(String(data=TASKS[1]))
-                wait_for(lambda: bridge.instruction is not None and bridge.instruction[0][0] ==
-                         bridge._tokenize(TASKS[1])[0][0], what='the new instruction')
+                wait_for(lambda: readings.text == TASKS[1], what='the new instruction')
             images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                       for k, s in CAMERAS.items()}
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
@@ -133,12 +148,28 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
                 pub.publish(_image_msgs(image, key, t))
             floats = {k: im.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
                       for k, im in images.items()}      # as LeRobot's datasets give them
-            wait_for(lambda: all(np.array_equal(bridge.images.get(k, 0), f)
+            wait_for(lambda: all(torch.equal(readings.observation.image(k), torch.from_numpy(f))
                                  for k, f in floats.items()),
-                     what='the images to reach the bridge')
+                     what='the frames to reach the node')
+            if t == 2:      # what the node cannot take: refused, named, no step
+                h_, w_ = CAMERAS[next(iter(CAMERAS))][1:]
+                report = h.node.report
+                for bad, words in ((Image(height=h_ + 1, width=w_, encoding='rgb8', step=3 * w_,
+                                          data=bytes(3 * w_ * (h_ + 1))), 'checkpoint takes'),
+                                   (Image(height=h_, width=w_, encoding='yuv422', step=2 * w_,
+                                          data=bytes(2 * w_ * h_)), "'yuv422'")):
+                    count = report.rejected     # (a camera keeps one frame: one at a time)
+                    cams[0].publish(bad)
+                    wait_for(lambda: report.rejected == count + 1, what='the refusal')
+                    assert words in report.last_refusal, report.last_refusal
+                js.publish(joint_state(Time(sec=t + 1, nanosec=5), state, joints[1:]))
+                wait_for(lambda: report.rejected == count + 2, what='the refusal')
+                assert "the joint state lacks ['j0']" in report.last_refusal
+                assert report.refusals['image'] == 2
+                assert all(torch.equal(readings.observation.image(k), torch.from_numpy(f))
+                           for k, f in floats.items())        # the frames before them kept
             order = list(reversed(joints)) + ['extra']
-            js.publish(JointState(name=order, position=[float(state[joints.index(n)]) if n in
-                                                        joints else 9.0 for n in order]))
+            js.publish(joint_state(Time(sec=t + 1), state, order))
             sent += 1
             h.client.wait_actions(sent)
             frames.append({'observation.state': torch.from_numpy(state),
@@ -146,11 +177,36 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
                            'task': TASKS[0] if t <= STEPS else TASKS[1]})
         got = h.client.wait_actions(sent)
         assert got == h.reference(vectors(folder, frames))
-        assert bridge.refused == 0
     finally:
-        spinner.shutdown()
-        bridge.destroy_node()
-        node.destroy_node()
+        robot.destroy_node()
+
+
+@pytest.mark.parametrize('wrong, named', [
+    ({}, None),                                                     # the setup that works
+    (dict(camera_topics=['observation.images.top=/cam0']), 'camera_topics'),    # one missing
+    (dict(camera_topics=['observation.images.top=/a', 'observation.images.side=/b']),
+     'camera_topics'),
+    (dict(compressed_cameras=['observation.images.elsewhere']), 'compressed_cameras'),
+    (dict(joint_names=['j0']), 'joint_names'),
+    (dict(policy_file=''), 'policy_file'),
+    (dict(policy_type='recurrent', policy_file=''), 'observation_type')])
+def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, wrong, named):
+    from flashrt_ros.node.settings import load_settings
+    from flashrt_ros.runtime.errors import InvalidConfig
+    from support.smolvla import CAMERAS, STATE_DIM
+    good = dict(observation_type='cameras', joint_names=[f'j{i}' for i in range(STATE_DIM)],
+                camera_topics=[f'{k}=/cam{i}' for i, k in enumerate(CAMERAS)],
+                compressed_cameras=['observation.images.wrist'])
+    h = make(dict(_params(folder), **dict(good, **wrong)), start=False)
+    if named is None:
+        setup = load_settings(h.node).cameras
+        assert setup.topics == {k: f'/cam{i}' for i, k in enumerate(CAMERAS)}
+        assert setup.compressed == {'observation.images.wrist'}
+        return
+    with pytest.raises(InvalidConfig, match=f"parameter '{named}'"):
+        load_settings(h.node)
+    assert not h.client.change_state('configure')
+    assert h.node.parts is None
 
 
 def _chunk_node(make, folder, **more):
@@ -279,23 +335,23 @@ def test_a_diffusion_checkpoint_on_the_node(make, tmp_path_factory):
 
 
 @pytest.mark.parametrize('kind', ['pi0', 'pi05'])
-def test_pi0_and_pi05_through_vla_inputs(make, tmp_path_factory, kind):
-    """policy_type pi0 / pi05 (LeRobot >= 0.6, Python >= 3.12): vla_inputs packs a camera,
-    joint states and the instruction, Pi0.5's tokens made anew from every joint state (its
-    prompt holds the state); the node's actions are the engine's on the same frames packed by
-    checkpoint_inputs, a capsule mid-chunk replays, and a restart given back the first
-    chunk's prefix (kind kv) skips its prefix pass with the same actions."""
+def test_pi0_and_pi05_on_cameras(make, tmp_path_factory, kind):
+    """policy_type pi0 / pi05 (LeRobot >= 0.6, Python >= 3.12), observation_type cameras: a
+    camera, joint states and the instruction, Pi0.5's tokens made anew from every joint state
+    (its prompt holds the state); the node's actions are the engine's on the same frames
+    packed by checkpoint_inputs, a capsule mid-chunk replays, and a restart given back the
+    first chunk's prefix (kind kv) skips its prefix pass with the same actions."""
     from importlib.metadata import version
     if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
         pytest.skip(f'Pi0 needs LeRobot >= 0.6 (Python >= 3.12; this has {version("lerobot")}): '
                     'bash tools/test_lerobot06.sh')
     import numpy as np
     import rclpy
-    from rclpy.parameter import Parameter
+    from builtin_interfaces.msg import Time
     from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import Header
+    import torch
 
-    from flashrt_ros.client import spin_in_thread
-    from flashrt_ros.node.vla_inputs import VLAInputs
     from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs, \
         checkpoint_sizes
     from support.common import wait_for
@@ -307,55 +363,56 @@ def test_pi0_and_pi05_through_vla_inputs(make, tmp_path_factory, kind):
     joints = [f'j{i}' for i in range(STATE_DIM)]
     with small_sizes():     # the node builds LeRobot's model at the test's sizes
         h = make(dict(policy_type=policy_type, policy_file=folder, obs_dim=obs_dim,
-                      act_dim=act_dim, seed=3))
-        bridge = VLAInputs(h.name + '_inputs', parameter_overrides=[
-            Parameter('checkpoint', value=folder), Parameter('policy', value='/' + h.name),
-            Parameter('camera_topics', value=[f'{CAMERA}=/{h.name}/cam']),
-            Parameter('joint_names', value=joints),
-            Parameter('joint_state_topic', value=f'/{h.name}/joint_states'),
-            Parameter('instruction', value='pick up the red cube')])
+                      act_dim=act_dim, seed=3, observation_type='cameras',
+                      camera_topics=[f'{CAMERA}=/cam'], joint_names=joints,
+                      instruction='pick up the red cube'))
         node = rclpy.create_node(h.name + '_robot')
-        spinner = spin_in_thread(bridge)
         try:
-            cam = node.create_publisher(Image, f'/{h.name}/cam', 10)
-            js = node.create_publisher(JointState, f'/{h.name}/joint_states', 10)
-            wait_for(lambda: cam.get_subscription_count() and js.get_subscription_count() and
-                     bridge.pub.get_subscription_count(), what='the bridge to connect')
+            cam = node.create_publisher(Image, '/cam', 10)
+            js = node.create_publisher(JointState, '/joint_states', 10)
+            wait_for(lambda: cam.get_subscription_count() and js.get_subscription_count(),
+                     what='the camera and joint state topics to match')
+            frame, stamps = h.node.parts.loop.cameras.observation.image(CAMERA), iter(
+                range(1, 10 ** 6))
+
+            def drive(readings):
+                """A step per (image, state): the frame, then a joint state of a new stamp."""
+                for image, state in readings:
+                    cam.publish(_image_msgs(image, 'top', 0))
+                    pixels = torch.from_numpy(image.transpose(2, 0, 1).astype(np.float32) /
+                                              np.float32(255))
+                    wait_for(lambda: torch.equal(frame, pixels),
+                             what='the frame to reach the node')
+                    count = h.client.actions_received()
+                    js.publish(JointState(header=Header(stamp=Time(sec=next(stamps))),
+                                          name=joints, position=[float(s) for s in state]))
+                    seen = h.client.wait_actions(count + 1)
+                return seen[-len(readings):]
             rng = np.random.default_rng(7)
-            packed, sent = [], 0
-            for t in range(2 * PI_STEPS + 1):
-                image = rng.integers(0, 256, (IMAGE[1], IMAGE[2], 3), dtype=np.uint8)
-                state = rng.standard_normal(STATE_DIM).astype(np.float32)
-                cam.publish(_image_msgs(image, 'top', 0))
-                pixels = image.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
-                wait_for(lambda: np.array_equal(bridge.images.get(CAMERA, 0), pixels),
-                         what='the image to reach the bridge')
-                js.publish(JointState(name=joints, position=[float(s) for s in state]))
-                sent += 1
-                h.client.wait_actions(sent)
-                packed.append(np.concatenate(
-                    [state, pixels.ravel(), *tokenize('pick up the red cube', state)]))
-            got = h.client.wait_actions(sent)
-            assert got == h.reference(packed)
-            assert bridge.refused == 0
+            readings = [(rng.integers(0, 256, (IMAGE[1], IMAGE[2], 3), dtype=np.uint8),
+                         rng.standard_normal(STATE_DIM).astype(np.float32))
+                        for _ in range(2 * PI_STEPS + 1)]
+            packed = [np.concatenate([state, image.transpose(2, 0, 1).ravel().astype(
+                np.float32) / np.float32(255), *tokenize('pick up the red cube', state)])
+                for image, state in readings]
+            assert drive(readings) == h.reference(packed)
+            # the capsule services: mid-chunk, and a restart given back the prefix
+            assert h.call('snapshot', name='mid').success
+            later = drive(readings[:PI_STEPS + 1])
+            for _ in range(2):
+                assert h.call('restore', name='mid').success
+                assert drive(readings[:PI_STEPS + 1]) == later
+            policy = h.node.parts.engine.policy
+            assert h.call('restore', name='episode_start').success
+            first = drive(readings[:1])
+            assert h.call('snapshot', name='first').success
+            reused = policy.prefix_reused
+            assert h.call('restore', name='episode_start').success
+            assert h.call('restore', name='first', kinds=['kv']).success
+            assert drive(readings[:1]) == first and policy.prefix_reused == reused + 1
+            assert h.node.report.rejected == 0
         finally:
-            spinner.shutdown()
-            bridge.destroy_node()
             node.destroy_node()
-        # the capsule services on the same node, fed directly
-        assert h.call('snapshot', name='mid').success          # mid-chunk
-        later = h.steps(packed[:PI_STEPS + 1])
-        for _ in range(2):
-            assert h.call('restore', name='mid').success
-            assert h.steps(packed[:PI_STEPS + 1]) == later
-        policy = h.node.parts.engine.policy
-        assert h.call('restore', name='episode_start').success
-        first = h.steps(packed[:1])
-        assert h.call('snapshot', name='first').success
-        reused = policy.prefix_reused
-        assert h.call('restore', name='episode_start').success
-        assert h.call('restore', name='first', kinds=['kv']).success
-        assert h.steps(packed[:1]) == first and policy.prefix_reused == reused + 1
         # vision_dtype bfloat16 on this float32 checkpoint: refused at configure
         bad = make(dict(policy_type=policy_type, policy_file=folder, obs_dim=obs_dim,
                         act_dim=act_dim, vision_dtype='bfloat16'), start=False)

@@ -57,7 +57,8 @@ class Harness:
 
     def activate(self):
         self.transition('activate')
-        self.client.wait_ready()
+        self.client.wait_ready(observation=self.params.get('observation_type') not in (
+            'terms', 'cameras'))
         # The action publisher must also have matched the client's subscription, or the
         # first action could be published to nobody.
         wait_for(lambda: self.node.parts.robot.sessions[0].action_pub.get_subscription_count() > 0,

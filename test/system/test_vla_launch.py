@@ -1,7 +1,8 @@
-"""`ros2 launch flashrt_ros smolvla.launch.py` for real: the installed policy node and
-vla_inputs on a LeRobot checkpoint folder, fed camera images and joint states from this test
-over Fast DDS; the first action is the engine's for the same observation, each chunk goes out
-as a trajectory on the remapped controller topic, and Ctrl-C ends the launch with status 0.
+"""`ros2 launch flashrt_ros smolvla.launch.py` for real: the installed policy node on a LeRobot
+checkpoint folder, subscribed to the cameras and joint states this test publishes over Fast DDS
+(control_mode timer, the launch's default); the first action is the engine's for the same
+observation, each chunk goes out as a trajectory on the remapped controller topic, and Ctrl-C
+ends the launch with status 0.
 """
 import os
 import signal

@@ -162,7 +162,7 @@ def folder(request, tmp_path_factory):
 
 
 def test_tokens_from_the_checkpoint_give_lerobots_actions_from_raw_inputs(folder):
-    """What vla_inputs publishes (lerobot_checkpoint.checkpoint_inputs: the raw state, the
+    """What the node assembles (lerobot_checkpoint.checkpoint_inputs: the raw state, the
     image, the task tokenized by the checkpoint's own pre-processor; for Pi0.5 with each
     observation's state, which its prompt holds) gives, on a policy loaded from the folder,
     LeRobot's pipeline loaded from it (pre-processor, predict_action_chunk with the same

@@ -1,6 +1,6 @@
 '''What a LeRobot checkpoint folder says about its policy's inputs and outputs, from its
-config and pre-processor alone (the policy node's parameters, the launch's sizes, the camera
-and instruction bridge): no model is built.'''
+config and pre-processor alone (the policy node's parameters and cameras observation, the
+launch's sizes): no model is built.'''
 
 import torch
 
@@ -29,13 +29,14 @@ def checkpoint_sizes(folder):
 
 def checkpoint_inputs(folder):
     '''What a LeRobot checkpoint folder's observation holds, for whoever packs it (the
-    vla_inputs node): ({camera key: (3, H, W)} in the config's order, the token count (0: no
-    instruction), tokenize(text, state=None) -> (token ids, attention mask) as float32 arrays,
-    or None). tokenize runs the checkpoint's own pre-processor (its tokenizer, SmolVLA's
-    newline, its padding) on the text, so the ids are the ones LeRobot's pipeline gives its
-    model. Where the prompt holds the state (tokenize.state_in_prompt: Pi0.5's pre-processor
-    writes it there, normalised and discretised), the tokens belong to one observation:
-    tokenize then needs that observation's raw state, and refuses to run without it.'''
+    node's cameras observation): ({camera key: (3, H, W)} in the config's order, the token
+    count (0: no instruction), tokenize(text, state=None) -> (token ids, attention mask) as
+    float32 arrays, or None). tokenize runs the checkpoint's own pre-processor (its
+    tokenizer, SmolVLA's newline, its padding) on the text, so the ids are the ones LeRobot's
+    pipeline gives its model. Where the prompt holds the state (tokenize.state_in_prompt:
+    Pi0.5's pre-processor writes it there, normalised and discretised), the tokens belong to
+    one observation: tokenize then needs that observation's raw state, and refuses to run
+    without it.'''
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
     config = PreTrainedConfig.from_pretrained(folder)

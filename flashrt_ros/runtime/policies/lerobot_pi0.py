@@ -17,8 +17,8 @@ Pi0.5 (Pi05ChunkPolicy) differs in its inputs: its pre-processor writes the stat
 normalised (quantiles by default) and discretised into 256 bins, into the prompt before
 tokenizing, and the model reads no other state. So the token ids of its observation change
 with the state and must come from the checkpoint's pre-processor run on that observation
-(lerobot_checkpoint.checkpoint_inputs, which the vla_inputs node runs on every joint state);
-the state part of the vector is normalised and otherwise unused.
+(lerobot_checkpoint.checkpoint_inputs, which the node runs at every step of a cameras
+observation); the state part of the vector is normalised and otherwise unused.
 
 vision_dtype 'bfloat16' (opt-in; the default 'float32' is LeRobot's): LeRobot keeps PaliGemma's
 SigLIP vision tower and its projector in float32 in a bfloat16 model, and on the H200 their

@@ -1,0 +1,107 @@
+"""A LeRobot policy's observation assembled where it runs, from what robots publish: camera
+frames as uint8, the joint state, the instruction's tokens (the policy node's
+observation_type 'cameras'; no rclpy here).
+
+The observation vector (lerobot_chunk.py) holds each camera's image as float32 3 x H x W in
+[0, 1], four times the bytes of the camera's uint8 frame. Here a frame goes to the engine's
+device as it arrives, uint8, and is converted there into its place in a device-resident
+observation (CameraObservation), once per frame rather than once per step; a step then adds
+only the state (and Pi0.5's per-state tokens) before the engine takes the vector, on its
+device, as it is. The float values are those of LeRobot's datasets (uint8 / 255 in float32,
+correctly rounded): on CUDA a division by a host scalar is a multiplication by its reciprocal
+(PyTorch's div_true_kernel), off by one bit for some values, so the divisor is a device
+tensor. Resizing and the images' normalisation stay where LeRobot puts them, in the model's
+own preprocessing inside the captured chunk; decoding a CompressedImage runs on the host
+(PIL: the same pixels on every device; nvJPEG's differ).
+"""
+import io
+
+import numpy as np
+import torch
+
+from .errors import InvalidObservation
+
+# sensor_msgs/Image encodings read: (channels, whether the channels are BGR)
+ENCODINGS = {'rgb8': (3, False), 'bgr8': (3, True), 'mono8': (1, False)}
+
+
+def raw_pixels(encoding, height, width, step, data):
+    """A sensor_msgs/Image's fields -> uint8 [H, W, 3] RGB; InvalidObservation for an
+    encoding it does not read or data shorter than height x step."""
+    if encoding not in ENCODINGS:
+        raise InvalidObservation(f'encoding {encoding!r} (rgb8, bgr8 or mono8)')
+    channels, bgr = ENCODINGS[encoding]
+    data = np.frombuffer(data, np.uint8)
+    if step < width * channels or data.size < height * step:
+        raise InvalidObservation(f'an image of {data.size} bytes, step {step}, for {height} x '
+                                 f'{width} {encoding}')
+    rows = data[:height * step].reshape(height, step)
+    pixels = rows[:, :width * channels].reshape(height, width, channels)
+    return pixels[..., ::-1] if bgr else np.repeat(pixels, 3 // channels, axis=2)
+
+
+def compressed_pixels(data):
+    """A sensor_msgs/CompressedImage's data (JPEG, PNG...) -> uint8 [H, W, 3] RGB."""
+    from PIL import Image, UnidentifiedImageError
+    try:
+        return np.asarray(Image.open(io.BytesIO(data)).convert('RGB'))
+    except (UnidentifiedImageError, OSError) as exc:
+        raise InvalidObservation(f'a compressed image PIL cannot decode: {exc}') from exc
+
+
+def as_floats(pixels):
+    """uint8 [H, W, 3] -> float32 [3, H, W] in [0, 1], on the host, as LeRobot's datasets
+    give images (the values CameraObservation writes on the device)."""
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1)).astype(np.float32) / np.float32(255)
+
+
+class CameraObservation:
+    """One session's observation vector [obs_dim] on `device`, in the layout of
+    LeRobotChunkPolicy: state, each camera (cameras: {key: (3, H, W)} in the policy's order),
+    the instruction's token ids and mask (tokens of each). Each part is written when it
+    arrives; `vector` is what the engine steps on."""
+
+    def __init__(self, state_dim, cameras, tokens, device):
+        self.cameras, self.tokens = dict(cameras), int(tokens)
+        size = state_dim + sum(c * h * w for c, h, w in self.cameras.values()) + 2 * tokens
+        self.vector = torch.zeros(size, dtype=torch.float32, device=device)
+        self._state = self.vector[:state_dim]
+        self._images, at = {}, state_dim
+        for key, (c, h, w) in self.cameras.items():
+            self._images[key] = self.vector[at:at + c * h * w].view(c, h, w)
+            at += c * h * w
+        self._tokens = self.vector[at:]
+        self._255 = torch.tensor(255.0, device=device)  # a device divisor: a true division
+        self.has = set()            # the parts written so far: 'state', camera keys, 'tokens'
+
+    def put_image(self, key, pixels):
+        """A camera's uint8 [H, W, 3] frame into its place: copied to the device as uint8 and
+        converted there. InvalidObservation (nothing written) for another size."""
+        slot = self._images[key]
+        if pixels.shape != (slot.shape[1], slot.shape[2], 3):
+            raise InvalidObservation(f'{key} is {pixels.shape[1]} x {pixels.shape[0]}, the '
+                                     f'checkpoint takes {slot.shape[2]} x {slot.shape[1]}')
+        if not pixels.flags.writeable:      # (PIL's, a message's bytes): torch warns
+            pixels = pixels.copy()
+        frame = torch.from_numpy(np.ascontiguousarray(pixels)).to(slot.device)
+        slot.copy_(frame.permute(2, 0, 1))
+        slot.div_(self._255)
+        self.has.add(key)
+
+    def image(self, key):
+        """The camera's image as the policy takes it, float32 [3, H, W] on the device."""
+        return self._images[key]
+
+    def put_state(self, state):
+        self._state.copy_(torch.from_numpy(np.asarray(state, dtype=np.float32)))
+        self.has.add('state')
+
+    def put_tokens(self, ids, mask):
+        both = np.concatenate([ids, mask]).astype(np.float32)
+        self._tokens.copy_(torch.from_numpy(both))
+        self.has.add('tokens')
+
+    def missing(self):
+        """The parts not written yet (sorted names); [] once the vector is whole."""
+        want = {'state', *self.cameras, *(('tokens',) if self.tokens else ())}
+        return sorted(want - self.has)

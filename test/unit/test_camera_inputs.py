@@ -1,0 +1,111 @@
+"""A LeRobot policy's observation assembled on the engine's device from camera frames
+(runtime/camera_inputs.py): the pixels of each sensor_msgs encoding read, a frame's float
+values exactly LeRobot's datasets' (uint8 / 255 in float32) on the CPU and on CUDA, what
+cannot be read refused with nothing written, and a SmolVLA stepped on the device-assembled
+vector acting bit for bit as on the host-packed one.
+"""
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_ros.runtime.camera_inputs import (as_floats, CameraObservation,
+                                               compressed_pixels, raw_pixels)
+from flashrt_ros.runtime.errors import InvalidObservation
+
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
+CAMERAS = {'observation.images.top': (3, 48, 64), 'observation.images.wrist': (3, 32, 32)}
+
+
+def _frame(rng, h, w):
+    return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def test_each_encoding_reads_as_rgb():
+    rng = np.random.default_rng(0)
+    rgb = _frame(rng, 5, 7)
+    assert np.array_equal(raw_pixels('rgb8', 5, 7, 21, rgb.tobytes()), rgb)
+    assert np.array_equal(raw_pixels('bgr8', 5, 7, 21, rgb[..., ::-1].tobytes()), rgb)
+    # rows padded to a step wider than the image (a driver's alignment)
+    padded = np.concatenate([rgb.reshape(5, 21), np.full((5, 3), 77, np.uint8)], axis=1)
+    assert np.array_equal(raw_pixels('rgb8', 5, 7, 24, padded.tobytes()), rgb)
+    grey = rgb[..., 0]
+    assert np.array_equal(raw_pixels('mono8', 5, 7, 7, grey.tobytes()),
+                          np.repeat(grey[..., None], 3, axis=2))
+    png = io.BytesIO()
+    from PIL import Image
+    Image.fromarray(rgb).save(png, format='PNG')
+    assert np.array_equal(compressed_pixels(png.getvalue()), rgb)
+
+
+@pytest.mark.parametrize('bad, words', [
+    (('yuv422', 5, 7, 14, bytes(70)), 'yuv422'),
+    (('rgb8', 5, 7, 21, bytes(21 * 4)), '84 bytes'),          # a truncated image
+    (('rgb8', 5, 7, 20, bytes(100)), 'step 20')])             # a step shorter than a row
+def test_what_cannot_be_read_is_refused(bad, words):
+    with pytest.raises(InvalidObservation, match=words):
+        raw_pixels(*bad)
+    with pytest.raises(InvalidObservation, match='cannot decode'):
+        compressed_pixels(b'not an image')
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_frames_convert_on_the_device_exactly_as_lerobots_datasets(device):
+    """Every uint8 value, and random frames: the device's float32 equals the host's
+    uint8 / 255 bit for bit (on CUDA a host scalar divisor would be a multiplication by its
+    reciprocal, off by one bit for some values). A frame of another size is refused and
+    leaves the last one in place."""
+    rng = np.random.default_rng(1)
+    obs = CameraObservation(4, CAMERAS, 3, device)
+    every = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    top = np.tile(every, (3, 4))[:48, :64, None].repeat(3, axis=2)     # all 256 values
+    for frame in [top, _frame(rng, 48, 64)]:
+        obs.put_image('observation.images.top', frame)
+        got = obs.image('observation.images.top').cpu().numpy()
+        assert got.tobytes() == as_floats(frame).tobytes()
+    wrist = _frame(rng, 32, 32)
+    obs.put_image('observation.images.wrist', wrist)
+    before = obs.vector.clone()
+    with pytest.raises(InvalidObservation, match='the checkpoint takes 64 x 48'):
+        obs.put_image('observation.images.top', _frame(rng, 64, 48))
+    assert torch.equal(obs.vector, before)
+    assert obs.missing() == ['state', 'tokens']
+    obs.put_state(np.arange(4, dtype=np.float32))
+    obs.put_tokens(np.array([5, 6, 0], np.float32), np.array([1, 1, 0], np.float32))
+    assert obs.missing() == []
+    host = np.concatenate([np.arange(4, dtype=np.float32), as_floats(frame).ravel(),
+                           as_floats(wrist).ravel(), [5, 6, 0, 1, 1, 0]]).astype(np.float32)
+    assert obs.vector.cpu().numpy().tobytes() == host.tobytes()
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_smolvla_acts_on_the_device_vector_as_on_the_host_one(tmp_path, device):
+    """Two engines of one SmolVLA checkpoint (a captured chunk graph on CUDA): one fed the
+    host-packed vectors, the other the CameraObservation's device vector filled from the
+    same uint8 frames; their actions are identical over three chunks."""
+    pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
+                        reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
+    from flashrt_ros.runtime.engine import PolicyEngine
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy
+    from support.smolvla import checkpoint, STATE_DIM, TASKS, vlm_folder
+    folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
+    cameras, tokens, tokenize = checkpoint_inputs(folder)
+    engines = [PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, seed=3), device=device,
+                            capsule_dir=str(tmp_path / f'capsules{i}')) for i in range(2)]
+    obs = CameraObservation(STATE_DIM, cameras, tokens, engines[1].device)
+    ids, mask = tokenize(TASKS[0])
+    obs.put_tokens(ids, mask)
+    rng = np.random.default_rng(2)
+    for _ in range(3 * engines[0].policy.steps):
+        state = rng.standard_normal(STATE_DIM).astype(np.float32)
+        images = {k: _frame(rng, s[1], s[2]) for k, s in cameras.items()}
+        for key, image in images.items():
+            obs.put_image(key, image)
+        obs.put_state(state)
+        host = np.concatenate([state, *[as_floats(im).ravel() for im in images.values()],
+                               ids, mask])
+        a = engines[0].step(host)
+        b = engines[1].step_all(obs.vector.view(1, -1))[0].cpu()
+        assert a.numpy().tobytes() == b.numpy().tobytes()
