@@ -1,6 +1,7 @@
-"""benchmarks/vla.py --smoke: runs, writes its report, and its identity checks hold (the
-engine equals LeRobot's pipeline; a restore replays the same actions; a restarted episode with
-its first prefix kept gives the same first action without the prefix pass)."""
+"""benchmarks/vla.py and vla_inputs.py --smoke: runs, writes its report, and its identity checks
+hold (the engine equals LeRobot's pipeline; a restore replays the same actions; a restarted
+episode with its first prefix kept gives the same first action without the prefix pass; the
+device-assembled observation acts as the host-packed one)."""
 import json
 import pathlib
 import subprocess
@@ -29,3 +30,20 @@ def test_vla_benchmark_smoke_run(tmp_path):
     assert row['ratios']['chunk_vs_kept_prefix'] > 0
     assert [c['passed'] for c in data['checks']] == [True, True, True]
     assert 'Identity checks: 3 / 3' in out.with_suffix('.md').read_text()
+
+
+def test_vla_inputs_benchmark_smoke_run(tmp_path):
+    """benchmarks/vla_inputs.py --smoke: both paths timed, the device path's actions the
+    host path's bit for bit (its identity check)."""
+    out = tmp_path / 'inputs'
+    result = subprocess.run([sys.executable, '-m', 'benchmarks.vla_inputs', '--smoke',
+                             '--device', 'cpu', '--out', str(out), '--commit', 'cafe123'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    data = json.loads(out.with_suffix('.json').read_text())
+    (row,) = data['sections']['rows']
+    for path in ('host', 'device'):
+        assert row[path]['pop']['n'] > 0 and row[path]['chunk']['n'] > 0, path
+        assert row[path]['pop']['p50'] > 0 and row[path]['chunk']['p50'] > 0, path
+    assert row['observation_mb'] > 3.9 * row['frames_mb']      # float32 vs uint8 pixels
+    assert [c['passed'] for c in data['checks']] == [True]
