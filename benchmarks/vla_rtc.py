@@ -1,9 +1,10 @@
-"""Real-time chunking (runtime/policies/lerobot_rtc.py) for Pi0 / Pi0.5 at their published sizes
-(benchmarks/vla_pi0.py builds them: random weights, 3 cameras 224 x 224, 14-dim state and
-action, chunk 50), against LeRobot's own RTC (predict_action_chunk with inference_delay and
-prev_chunk_left_over: its RTCProcessor guidance, eager).
+"""Real-time chunking (runtime/policies/lerobot_rtc.py) for Pi0 / Pi0.5 and SmolVLA at their
+published sizes (random weights, 3 cameras 224 x 224, 14-dim state and action, chunk 50;
+benchmarks/vla_pi0.py builds Pi0 / Pi0.5, lerobot_demo's 'aloha' size SmolVLA with its VLM in
+bfloat16, as a published checkpoint loads), against LeRobot's own RTC (predict_action_chunk
+with inference_delay and prev_chunk_left_over: its RTCProcessor guidance, eager).
 
-    python -m benchmarks.vla_rtc --device cuda --kinds pi05 --period 0.02 --commit <sha>
+    python -m benchmarks.vla_rtc --device cuda --kinds pi05,smolvla --period 0.02 --commit <sha>
 
   guided chunk  the computation of one guided chunk, the whole call: LeRobot's (normaliser,
                 predict_action_chunk, unnormaliser) vs the engine's (launch and wait for the
@@ -38,10 +39,24 @@ from .vla_pi0 import build, CAMERAS, DIM, SIDE
 CONFIGS = {'smoke': {'iters': 2, 'steps': 120}, 'gpu': {'iters': 10, 'steps': 160}}
 
 
+def _build(device, kind, tmp):
+    """(LeRobot's config, its policy with random weights on device, the statistics, the
+    generator of the frames, the engine's policy class) at the published sizes."""
+    from flashrt_ros.runtime.policies import Pi05ChunkPolicy, Pi0ChunkPolicy, SmolVLAChunkPolicy
+    if kind != 'smolvla':
+        return (*build(device, kind, 'bfloat16'),
+                Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy)
+    from flashrt_ros.runtime.policies import lerobot_demo as demo
+    policy = demo.smolvla(demo.vlm_folder(f'{tmp}/vlm', 'aloha'), size='aloha').to(device)
+    policy.model.vlm_with_expert.vlm.to(torch.bfloat16)
+    return (policy.config, policy, demo.statistics(size='aloha'),
+            torch.Generator().manual_seed(1), SmolVLAChunkPolicy)
+
+
 def _observations(config, gen, count, vocabulary):
     """count observation vectors (state, 3 images, a 20-token instruction), each step's state
     a little different (no two chunks' prefixes alike)."""
-    cams = [f'observation.images.cam{i}' for i in range(CAMERAS)]
+    cams = list(config.image_features)
     tokens = config.tokenizer_max_length
     base = {'observation.state': torch.randn(DIM, generator=gen),
             **{k: torch.rand(3, SIDE, SIDE, generator=gen) for k in cams},
@@ -79,18 +94,15 @@ def run(device, kind, cfg, tmp, checks, period):
     from lerobot.processor.factory import make_default_pre_post_processors
 
     from flashrt_ros.runtime.engine import PolicyEngine
-    from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy
-    ours = Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy
-    config, policy, stats_, gen = build(device, kind, 'bfloat16')
+    from flashrt_ros.runtime.policies import gaussian_noise
+    config, policy, stats_, gen, ours = _build(device, kind, tmp)
     pre, post = make_default_pre_post_processors(config, stats_)
     chunk = config.chunk_size
-    vocabulary = policy.model.paligemma_with_expert.paligemma.get_input_embeddings() \
-        .num_embeddings
-    frames, obs = _observations(config, gen, cfg['steps'], vocabulary)
     horizon = 10
     # the delay from a first estimate (the unguided chunk's latency), then measured again
     plain = PolicyEngine(ours(policy, stats=stats_, seed=5), device=device,
                          capsule_dir=f'{tmp}/plain')
+    frames, obs = _observations(config, gen, cfg['steps'], plain.policy.vocabulary)
     plain.snapshot('start')
     for _ in range(3):
         plain.restore('start')
@@ -171,10 +183,11 @@ def render(results):
     env, out = results['environment'], []
     out += [f'# Real-time chunking on the engine vs LeRobot\'s: {env["device_name"]} '
             f'({env["mode"]})\n', environment_line(env),
-            f'- PaliGemma 2B + Gemma 300M expert in bfloat16 (vision float32, LeRobot\'s), '
-            f'random weights, {CAMERAS} cameras {SIDE} x {SIDE}, {DIM}-dim state and action, '
-            'chunk 50, 10 flow-matching steps, execution horizon 10; whole call, host wall '
-            'in ms; LeRobot eager\n',
+            '- pi0 / pi05: PaliGemma 2B + Gemma 300M expert in bfloat16 (vision float32, '
+            'LeRobot\'s); smolvla: SmolVLM2-500M\'s sizes (VLM in bfloat16, the expert in '
+            f'float32); random weights, {CAMERAS} cameras {SIDE} x {SIDE}, {DIM}-dim state '
+            'and action, chunk 50, 10 flow-matching steps, execution horizon 10; whole call, '
+            'host wall in ms; LeRobot eager\n',
             '| policy | guided chunk: LeRobot p50 / p99 | engine p50 / p99 (ratio) | least '
             'delay at the period: LeRobot / engine | paced episode without RTC: steps after '
             'the first p50 / p99 / max, overran | with RTC: the same | the first step (the '
@@ -199,7 +212,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--smoke', action='store_true')
     ap.add_argument('--device', default='cuda')
-    ap.add_argument('--kinds', default='pi05', help="comma list of 'pi0', 'pi05'")
+    ap.add_argument('--kinds', default='pi05', help="comma list of 'pi0', 'pi05', 'smolvla'")
     ap.add_argument('--period', type=float, default=0.02, help='control period, s')
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
