@@ -49,6 +49,7 @@ def _build(device, kind, tmp):
     from flashrt_ros.runtime.policies import lerobot_demo as demo
     policy = demo.smolvla(demo.vlm_folder(f'{tmp}/vlm', 'aloha'), size='aloha').to(device)
     policy.model.vlm_with_expert.vlm.to(torch.bfloat16)
+    policy.config.device = str(device)      # where LeRobot's pre-processor puts the batch
     return (policy.config, policy, demo.statistics(size='aloha'),
             torch.Generator().manual_seed(1), SmolVLAChunkPolicy)
 
