@@ -116,12 +116,13 @@ def ros():
 
 @pytest.fixture
 def make(ros, tmp_path):
-    """make(params=RECURRENT, start=True, executor=None): a support.nodes.Harness, configured
-    and active unless start=False, closed after the test."""
+    """make(params=RECURRENT, start=True, executor=None, timeout=30.0): a
+    support.nodes.Harness, configured and active unless start=False, closed after the test;
+    timeout: its client's, for each call and transition."""
     from support.nodes import Harness, RECURRENT
 
-    def factory(params=RECURRENT, start=True, executor=None):
-        h = Harness(tmp_path, params, start, executor)
+    def factory(params=RECURRENT, start=True, executor=None, timeout=30.0):
+        h = Harness(tmp_path, params, start, executor, timeout)
         ros.append(h)
         return h
     return factory

@@ -362,10 +362,11 @@ def test_pi0_and_pi05_on_cameras(make, tmp_path_factory, kind):
     _, _, tokenize = checkpoint_inputs(folder)
     joints = [f'j{i}' for i in range(STATE_DIM)]
     with small_sizes():     # the node builds LeRobot's model at the test's sizes
+        # (LeRobot's from_pretrained of it takes about 30 s on a 2-core VM: configure's time)
         h = make(dict(policy_type=policy_type, policy_file=folder, obs_dim=obs_dim,
                       act_dim=act_dim, seed=3, observation_type='cameras',
                       camera_topics=[f'{CAMERA}=/cam'], joint_names=joints,
-                      instruction='pick up the red cube'))
+                      instruction='pick up the red cube'), timeout=180.0)
         node = rclpy.create_node(h.name + '_robot')
         try:
             cam = node.create_publisher(Image, '/cam', 10)
@@ -415,6 +416,6 @@ def test_pi0_and_pi05_on_cameras(make, tmp_path_factory, kind):
             node.destroy_node()
         # vision_dtype bfloat16 on this float32 checkpoint: refused at configure
         bad = make(dict(policy_type=policy_type, policy_file=folder, obs_dim=obs_dim,
-                        act_dim=act_dim, vision_dtype='bfloat16'), start=False)
+                        act_dim=act_dim, vision_dtype='bfloat16'), start=False, timeout=180.0)
         assert not bad.client.change_state('configure')
         assert bad.node.parts is None

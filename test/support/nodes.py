@@ -34,7 +34,7 @@ def reference_actions(params, observations, directory):
 class Harness:
     """A PolicyNode plus a client node on one executor; the node configured and active."""
 
-    def __init__(self, tmp_path, params, start=True, executor=None):
+    def __init__(self, tmp_path, params, start=True, executor=None, timeout=30.0):
         self.name = f'flashrt_policy_t{next(_names)}_{os.getpid()}'
         self.params = dict(dict(device='cpu', capsule_dir=str(tmp_path / 'capsules'),
                                 status_period=0.1), **params)
@@ -42,7 +42,7 @@ class Harness:
         overrides = [Parameter(k, value=v) for k, v in self.params.items()]
         self.node = PolicyNode(self.name, parameter_overrides=overrides)
         self.client_node = rclpy.create_node(self.name + '_client')
-        self.client = PolicyClient(self.client_node, '/' + self.name, timeout=30.0)
+        self.client = PolicyClient(self.client_node, '/' + self.name, timeout=timeout)
         # The node on its own executor thread (single-threaded, as its main() runs it, unless
         # a test composes it into another executor), the client on another.
         self.node_spinner = spin_in_thread(self.node, executor=executor)

@@ -41,9 +41,11 @@ def test_vla_inputs_benchmark_smoke_run(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     data = json.loads(out.with_suffix('.json').read_text())
-    (row,) = data['sections']['rows']
-    for path in ('host', 'device'):
-        assert row[path]['pop']['n'] > 0 and row[path]['chunk']['n'] > 0, path
-        assert row[path]['pop']['p50'] > 0 and row[path]['chunk']['p50'] > 0, path
-    assert row['observation_mb'] > 3.9 * row['frames_mb']      # float32 vs uint8 pixels
-    assert [c['passed'] for c in data['checks']] == [True]
+    rows = data['sections']['rows']
+    assert [r['cameras'].split()[0] for r in rows] == ['smolvla', 'act']
+    for row in rows:
+        for path in ('host', 'device'):
+            assert row[path]['pop']['n'] > 0 and row[path]['chunk']['n'] == 3, path
+            assert row[path]['pop']['p50'] > 0 and row[path]['chunk']['p50'] > 0, path
+        assert row['observation_mb'] > 3.9 * row['frames_mb']      # float32 vs uint8 pixels
+    assert [c['passed'] for c in data['checks']] == [True, True]
