@@ -190,13 +190,14 @@ class RobotIO:
 
     def _subscribe_cameras(self, loop, s, group, guarded):
         """A LeRobot checkpoint's cameras, the joint states and ~/instruction. A camera keeps
-        its newest frame only (a step takes that one): a frame replaced before the node read
-        it is no reading lost."""
+        its newest frame only (a step takes that one), best effort: it matches a driver's
+        reliable and best-effort (sensor data) publishers alike, and a frame lost or replaced
+        before the node read it is no reading lost: the next one takes its place."""
         setup = self.settings.cameras
         self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
                         lambda msg: self._joint_state(loop, s, msg))
         newest = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                            reliability=self.qos.reliability)
+                            reliability=ReliabilityPolicy.BEST_EFFORT)
         for key, topic in setup.topics.items():
             self._subscribe(CompressedImage if key in setup.compressed else Image, topic, group,
                             guarded, lambda msg, key=key: loop.on_image(s, key, msg,

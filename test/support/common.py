@@ -19,3 +19,18 @@ def wait_for(predicate, timeout=30.0, what='condition'):
         if time.monotonic() > deadline:
             raise TimeoutError(f'timed out waiting for {what}')
         time.sleep(0.01)
+
+
+def publish_until(publish, predicate, timeout=30.0, what='condition', every=0.5):
+    """publish() until predicate() holds, again every `every` s: a best-effort topic (a
+    camera's) may lose a message, and the next one takes its place."""
+    deadline = time.monotonic() + timeout
+    while True:
+        publish()
+        resend = min(deadline, time.monotonic() + every)
+        while time.monotonic() < resend:
+            if predicate():
+                return
+            time.sleep(0.01)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f'timed out waiting for {what}')
