@@ -18,6 +18,7 @@ Everything here runs on the control thread (executors.ControlThread), under the 
 that capsule services and transitions also take: a capsule operation never interleaves with
 a tick, and a tick never waits behind a queue of service calls.
 """
+import math
 import time
 
 from builtin_interfaces.msg import Time
@@ -275,6 +276,14 @@ class ControlLoop:
                 ready.append(s)
         if ready:
             self._tick_readings(ready, {})
+
+    def reading_ages(self):
+        """(name, seconds since it arrived) of each session's newest readings (terms, cameras;
+        sorted by name): the diagnostics show them, so that a camera gone quiet is seen there,
+        not only in the refused steps."""
+        now = time.monotonic()
+        return [(s.label + key, now - arrived) for s in self.sessions
+                for key, (_, _, arrived) in sorted(s.inputs.items()) if arrived != math.inf]
 
     def on_reading(self, s, key):
         """Lock-step (simulation): a session is ready on a new joint state, once the IMU reading

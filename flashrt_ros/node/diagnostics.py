@@ -182,13 +182,14 @@ class Report:
                                  if g.supervisor is not None and g.supervisor.holding]
         return status
 
-    def diagnostic(self, status, engine=None, guards=()):
+    def diagnostic(self, status, engine=None, guards=(), readings=()):
         """The node's /diagnostics entry for `status` (see the module docstring)."""
-        return self.diagnostics(status, engine, guards)[0]
+        return self.diagnostics(status, engine, guards, readings)[0]
 
-    def diagnostics(self, status, engine=None, guards=()):
+    def diagnostics(self, status, engine=None, guards=(), readings=()):
         """The /diagnostics entries for `status`: the node's, then one per session of a fleet
-        (see the module docstring)."""
+        (see the module docstring); readings: (name, seconds since the newest one arrived)
+        of an assembled observation's inputs (ControlLoop.reading_ages)."""
         now = self.clock()
         self._forget(now)
         events, span = list(self._events), max(self.window, now - self._last_report)
@@ -237,6 +238,7 @@ class Report:
         values += [(f'refused: {reason}', count)
                    for reason, count in sorted(self.refusals.items())]
         values += [(f'lost: {topic}', count) for topic, count in sorted(self.lost.items())]
+        values += [(f'input age: {name}', f'{1e3 * age:.0f} ms') for name, age in readings]
         node = self._entry('', status, status.step, errors, warnings, values)
         if len(guards) < 2:
             return [node]

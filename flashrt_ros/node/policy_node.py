@@ -311,7 +311,8 @@ class PolicyNode(LifecycleNode):
 
     def diagnostic(self, status):
         parts = self.parts
-        return self.report.diagnostic(status, self.engine, parts.guards if parts else ())
+        return self.report.diagnostic(status, self.engine, parts.guards if parts else (),
+                                      parts.loop.reading_ages() if parts else ())
 
     def publish_status(self):
         if self.parts is not None:
@@ -320,7 +321,8 @@ class PolicyNode(LifecycleNode):
         self.status_pub.publish(status)
         diagnostics = DiagnosticArray()
         diagnostics.header.stamp = status.header.stamp
-        diagnostics.status = self.report.diagnostics(status, self.engine, self.parts.guards)
+        diagnostics.status = self.report.diagnostics(status, self.engine, self.parts.guards,
+                                                     self.parts.loop.reading_ages())
         self.diagnostics_pub.publish(diagnostics)
 
 

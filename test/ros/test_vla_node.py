@@ -187,8 +187,8 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
 def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, folder):
     """control_mode timer: control_rate steps over the newest frame of each camera and the
     newest joint state, each the engine's action on that observation; once a camera has
-    sent nothing for max_input_age the steps are refused, naming it, and no action goes out
-    until it sends again."""
+    sent nothing for max_input_age the steps are refused, naming it, no action goes out,
+    and the diagnostics show each input's age."""
     import time
 
     import numpy as np
@@ -232,6 +232,13 @@ def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, fold
             send(1)
             time.sleep(0.05)
         assert h.client.actions_received() == got and stale in report.last_refusal
+        # the diagnostics say which input went quiet (the others' ages: under 0.5 s)
+        values = {v.key: v.value for v in h.node.diagnostic(h.node.status_message()).values}
+        ages = {k[len('input age: '):]: int(v.split()[0]) for k, v in values.items()
+                if k.startswith('input age: ')}
+        top = list(CAMERAS)[0]
+        assert sorted(ages) == sorted(['joint_state', f'camera:{top}', f'camera:{wrist}'])
+        assert ages[f'camera:{wrist}'] > 500 > max(ages['joint_state'], ages[f'camera:{top}'])
         frame = {'observation.state': torch.from_numpy(state), 'task': TASKS[0],
                  **{k: torch.from_numpy(f) for k, f in floats.items()}}
         actions = h.client.wait_actions(got)
