@@ -11,6 +11,8 @@ import os
 import re
 import time
 
+from rclpy.exceptions import InvalidTopicNameException
+from rclpy.validate_topic_name import validate_topic_name
 import torch
 
 from flashrt_ros.node import parameters
@@ -150,6 +152,12 @@ def _camera_setup(cfg, policy):
     _need(len(topics) == len(cfg.camera_topics) and set(topics) == set(cameras) and
           all(topics.values()), 'camera_topics', cfg.camera_topics,
           f"one 'feature key=topic' for each camera of the checkpoint: {list(cameras)}")
+    for topic in topics.values():
+        try:
+            validate_topic_name(topic)
+        except InvalidTopicNameException as exc:
+            _need(False, 'camera_topics', cfg.camera_topics,
+                  f'{topic!r} is not a ROS topic name ({str(exc).splitlines()[0]})')
     _need(set(cfg.compressed_cameras) <= set(cameras), 'compressed_cameras',
           cfg.compressed_cameras, f'names cameras the checkpoint lacks: {list(cameras)}')
     _need(not cfg.instruction or tokens, 'instruction', cfg.instruction,

@@ -252,6 +252,8 @@ def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, fold
     (dict(camera_topics=['observation.images.top=/cam0']), 'camera_topics'),    # one missing
     (dict(camera_topics=['observation.images.top=/a', 'observation.images.side=/b']),
      'camera_topics'),
+    (dict(camera_topics=['observation.images.top=/cam 0', 'observation.images.wrist=/c']),
+     'camera_topics'),                                              # not a topic name
     (dict(compressed_cameras=['observation.images.elsewhere']), 'compressed_cameras'),
     (dict(joint_names=['j0']), 'joint_names'),
     (dict(policy_file=''), 'policy_file'),
