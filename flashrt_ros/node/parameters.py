@@ -73,8 +73,9 @@ class NodeConfig:
                                      "image_raw'), each a sensor_msgs/Image")
     compressed_cameras: list[str] = param([], 'cameras: feature keys whose topic is a '
                                           'sensor_msgs/CompressedImage (JPEG, PNG)')
-    instruction: str = param('', 'cameras, a language policy: the instruction until one comes '
-                             'on ~/instruction (std_msgs/String); empty: steps wait for it')
+    instruction: str = param('', 'cameras, a language policy: the instruction, also while '
+                             'running (as one on ~/instruction, std_msgs/String, is); empty at '
+                             'configure: steps wait for one', live=True)
     action_joint_names: list[str] = param([], 'joint_state: publish ~/action as a JointState '
                                           'with these names (empty: Float32MultiArray)')
     observation_terms: list[str] = param([], 'terms: ordered term names; each term is set '

@@ -81,6 +81,7 @@ class PolicyNode(LifecycleNode):
         self.parameter_handler.on_update('status_period', self._restart_status_timer)
         for name in _CHECKPOINT_SETTINGS:
             self.parameter_handler.on_update(name, self._checkpoint_settings_changed)
+        self.parameter_handler.on_update('instruction', self._instruction_changed)
         self._activations = 0
         self._control_group = ControlGroup()
         self._control = ControlThread(self, self._control_group)
@@ -286,6 +287,13 @@ class PolicyNode(LifecycleNode):
                 except Exception as exc:  # noqa: B902 - a callback must never kill the node
                     self.report.callback_failed(what, exc)
         return guarded
+
+    def _instruction_changed(self, text):
+        # a cameras observation's instruction, as if it came on ~/instruction (a refusal is
+        # reported there); the other observation types carry their tokens themselves
+        loop = self.parts.loop
+        if loop.cameras is not None and text:
+            loop.on_instruction(loop.sessions[0], text)
 
     def _checkpoint_settings_changed(self, _):
         for guard in self.parts.guards:

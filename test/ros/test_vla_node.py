@@ -113,12 +113,13 @@ def _camera_node(make, folder, cameras, **more):
 def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
     """observation_type cameras: the node takes Image (rgb8, bgr8) and CompressedImage (PNG)
     frames, JointState (other joints, another order) and the instruction (parameter, then
-    ~/instruction), and assembles the observation on its device: its actions are the
-    engine's on the same frames as LeRobot's datasets give them (uint8 / 255), tokenized by
-    LeRobot's own pre-processor. A frame or joint state it cannot take is refused, named and
-    counted, and changes no action."""
+    ~/instruction, then the parameter set while running), and assembles the observation on
+    its device: its actions are the engine's on the same frames as LeRobot's datasets give
+    them (uint8 / 255), tokenized by LeRobot's own pre-processor. A frame or joint state it
+    cannot take is refused, named and counted, and changes no action."""
     import numpy as np
     from builtin_interfaces.msg import Time
+    from rclpy.parameter import Parameter
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import Header, String
     import torch
@@ -141,6 +142,10 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
             if t == STEPS + 1:              # a new instruction mid-run
                 say.publish(String(data=TASKS[1]))
                 wait_for(lambda: readings.text == TASKS[1], what='the new instruction')
+            if t == 2 * STEPS:              # and another one, as a parameter (live)
+                assert h.node.set_parameters([Parameter('instruction', value=TASKS[0])])[
+                    0].successful
+                assert readings.text == TASKS[0]
             images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                       for k, s in CAMERAS.items()}
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
@@ -177,7 +182,7 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
             h.client.wait_actions(sent)
             frames.append({'observation.state': torch.from_numpy(state),
                            **{k: torch.from_numpy(f) for k, f in floats.items()},
-                           'task': TASKS[0] if t <= STEPS else TASKS[1]})
+                           'task': TASKS[0] if t <= STEPS or t == 2 * STEPS else TASKS[1]})
         got = h.client.wait_actions(sent)
         assert got == h.reference(vectors(folder, frames))
     finally:
