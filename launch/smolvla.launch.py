@@ -18,7 +18,8 @@ control_mode timer (the default here) steps at control_rate (the rate the policy
 at: its dataset's fps) over the newest frames and joint state; lockstep steps once per new
 joint state (a simulator's). The observation size and the action size come from the
 checkpoint (read when the launch starts: LeRobot is imported then). The instruction may
-change later on /flashrt_policy/instruction (std_msgs/String). With action_joint_names, each
+change later on /flashrt_policy/instruction (std_msgs/String) or as the node's instruction
+parameter (ros2 param set). With action_joint_names, each
 chunk also goes out on ~/action_chunk as a JointTrajectory; remap it to a
 joint_trajectory_controller's topic with action_chunk_topic.
 """
