@@ -254,6 +254,8 @@ class ControlLoop:
             self.cameras.instruction(text)
         except InvalidObservation as exc:
             self.report.refuse(f'{s.label}{exc}', key='instruction')
+            return
+        self.log.info(f'{s.label}instruction: {text!r}')
 
     def timer_tick(self):
         """Robot: a step at control_rate over the newest readings; stale or missing ones refuse

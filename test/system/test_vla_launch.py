@@ -96,6 +96,15 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, rtc):
         assert list(chunks[0].joint_names) == arm
         assert len(chunks[0].points) == (8 if rtc else 5)
         assert list(chunks[0].points[0].positions) == pytest.approx(actions[0], abs=0)
+        if not rtc:     # a new instruction while running, through the real `ros2 param`
+            for verb, *args in (('set', TASKS[1]), ('get',)):
+                r = subprocess.run([ROS2, 'param', verb, '--no-daemon', '--timeout', '30',
+                                    '/flashrt_policy', 'instruction', *args],
+                                   capture_output=True, text=True, timeout=120)
+                assert r.returncode == 0, r.stdout + r.stderr
+            assert TASKS[1] in r.stdout
+            wait_for(lambda: f'instruction: {TASKS[1]!r}' in (tmp_path / 'launch.log')
+                     .read_text(), 30, what='the node to take the new instruction')
     finally:
         spinner.shutdown()
         node.destroy_node()
