@@ -16,15 +16,38 @@ from flashrt_ros.runtime.errors import InvalidObservation
 
 
 class CameraReadings:
-    """One session's observation: setup (settings.CameraSetup), joints (the state's names),
-    device (the engine's)."""
+    """One session's observation: setup (settings.CameraSetup), cfg (the NodeConfig:
+    joint_names, the state's, and the instruction), device (the engine's), report
+    (diagnostics.Report: refusals) and log."""
 
-    def __init__(self, setup, joints, device):
-        self.setup, self.joints = setup, list(joints)
+    def __init__(self, setup, cfg, device, report, log):
+        self.setup, self.joints = setup, list(cfg.joint_names)
+        self.report, self.log = report, log
         self.observation = CameraObservation(setup.state_dim, setup.cameras, setup.tokens,
                                              device)
         self.text = None            # the instruction as given
         self._per_state = setup.tokenize is not None and setup.tokenize.state_in_prompt
+        if cfg.instruction:         # (settings: only for a policy that takes one)
+            self.instruction(cfg.instruction)
+
+    def on_image(self, s, key, msg, stamp):
+        """A camera's frame from session s's topic, into the observation on the device, or
+        refused (the frame before it kept)."""
+        try:
+            self.image(key, msg)
+        except InvalidObservation as exc:
+            self.report.refuse(f'{s.label}{key}: {exc}', key='image')
+            return
+        s.store('camera:' + key, True, stamp)
+
+    def on_instruction(self, s, text):
+        """A new instruction (~/instruction, or the parameter set while running)."""
+        try:
+            self.instruction(text)
+        except InvalidObservation as exc:
+            self.report.refuse(f'{s.label}{exc}', key='instruction')
+            return
+        self.log.info(f'{s.label}instruction: {text!r}')
 
     def image(self, key, msg):
         """A camera's message into the observation; InvalidObservation when it cannot be

@@ -18,7 +18,6 @@ Everything here runs on the control thread (executors.ControlThread), under the 
 that capsule services and transitions also take: a capsule operation never interleaves with
 a tick, and a tick never waits behind a queue of service calls.
 """
-import math
 import time
 
 from builtin_interfaces.msg import Time
@@ -64,12 +63,10 @@ class ControlLoop:
         layout, cameras = settings.layout, settings.cameras
         self._timer_keys = sorted(layout.needs - {'raw'}) + [
             'raw:' + t.name for t in layout.terms if t.type == 'raw'] if settings.terms else []
-        self.cameras = None
-        if cameras is not None:     # one session (settings)
-            self.cameras = CameraReadings(cameras, settings.node.joint_names, engine.device)
+        self.cameras = None if cameras is None else CameraReadings(   # one session (settings)
+            cameras, settings.node, engine.device, report, log)
+        if cameras is not None:
             self._timer_keys = ['joint_state'] + ['camera:' + k for k in cameras.topics]
-            if settings.node.instruction:
-                self.cameras.instruction(settings.node.instruction)
 
     # -- the tick ---------------------------------------------------------------------------------
 
@@ -239,24 +236,6 @@ class ControlLoop:
         if rows:
             self.tick(rows, tags)
 
-    def on_image(self, s, key, msg, stamp):
-        """A camera's frame, into the observation on the device (a refusal keeps the frame
-        before it)."""
-        try:
-            self.cameras.image(key, msg)
-        except InvalidObservation as exc:
-            self.report.refuse(f'{s.label}{key}: {exc}', key='image')
-            return
-        s.store('camera:' + key, True, stamp)
-
-    def on_instruction(self, s, text):
-        try:
-            self.cameras.instruction(text)
-        except InvalidObservation as exc:
-            self.report.refuse(f'{s.label}{exc}', key='instruction')
-            return
-        self.log.info(f'{s.label}instruction: {text!r}')
-
     def timer_tick(self):
         """Robot: a step at control_rate over the newest readings; stale or missing ones refuse
         that session's step (counted, diagnosed) and nothing new is published for it."""
@@ -278,14 +257,6 @@ class ControlLoop:
                 ready.append(s)
         if ready:
             self._tick_readings(ready, {})
-
-    def reading_ages(self):
-        """(name, seconds since it arrived) of each session's newest readings (terms, cameras;
-        sorted by name): the diagnostics show them, so that a camera gone quiet is seen there,
-        not only in the refused steps."""
-        now = time.monotonic()
-        return [(s.label + key, now - arrived) for s in self.sessions
-                for key, (_, _, arrived) in sorted(s.inputs.items()) if arrived != math.inf]
 
     def on_reading(self, s, key):
         """Lock-step (simulation): a session is ready on a new joint state, once the IMU reading

@@ -189,7 +189,7 @@ class Report:
     def diagnostics(self, status, engine=None, guards=(), readings=()):
         """The /diagnostics entries for `status`: the node's, then one per session of a fleet
         (see the module docstring); readings: (name, seconds since the newest one arrived)
-        of an assembled observation's inputs (ControlLoop.reading_ages)."""
+        of an assembled observation's inputs (RobotIO.reading_ages)."""
         now = self.clock()
         self._forget(now)
         events, span = list(self._events), max(self.window, now - self._last_report)

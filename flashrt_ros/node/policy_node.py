@@ -288,12 +288,9 @@ class PolicyNode(LifecycleNode):
                     self.report.callback_failed(what, exc)
         return guarded
 
-    def _instruction_changed(self, text):
-        # a cameras observation's instruction, as if it came on ~/instruction (a refusal is
-        # reported there); the other observation types carry their tokens themselves
-        loop = self.parts.loop
-        if loop.cameras is not None and text:
-            loop.on_instruction(loop.sessions[0], text)
+    def _instruction_changed(self, text):   # a cameras observation's, as on ~/instruction
+        if self.parts.loop.cameras is not None and text:
+            self.parts.loop.cameras.on_instruction(self.parts.loop.sessions[0], text)
 
     def _checkpoint_settings_changed(self, _):
         for guard in self.parts.guards:
@@ -320,7 +317,7 @@ class PolicyNode(LifecycleNode):
     def diagnostic(self, status):
         parts = self.parts
         return self.report.diagnostic(status, self.engine, parts.guards if parts else (),
-                                      parts.loop.reading_ages() if parts else ())
+                                      parts.robot.reading_ages() if parts else ())
 
     def publish_status(self):
         if self.parts is not None:
@@ -330,7 +327,7 @@ class PolicyNode(LifecycleNode):
         diagnostics = DiagnosticArray()
         diagnostics.header.stamp = status.header.stamp
         diagnostics.status = self.report.diagnostics(status, self.engine, self.parts.guards,
-                                                     self.parts.loop.reading_ages())
+                                                     self.parts.robot.reading_ages())
         self.diagnostics_pub.publish(diagnostics)
 
 

@@ -200,11 +200,10 @@ class RobotIO:
                             reliability=ReliabilityPolicy.BEST_EFFORT)
         for key, topic in setup.topics.items():
             self._subscribe(CompressedImage if key in setup.compressed else Image, topic, group,
-                            guarded, lambda msg, key=key: loop.on_image(s, key, msg,
-                                                                        stamp_of(msg)),
-                            newest, counted=False)
+                            guarded, lambda msg, key=key: loop.cameras.on_image(
+                                s, key, msg, stamp_of(msg)), newest, counted=False)
         self._subscribe(String, s.prefix + 'instruction', group, guarded,
-                        lambda msg: loop.on_instruction(s, msg.data))
+                        lambda msg: loop.cameras.on_instruction(s, msg.data))
 
     def _subscribe(self, msg_type, topic, group, guarded, callback, qos=None, counted=True):
         def seen(msg, info):
@@ -230,6 +229,14 @@ class RobotIO:
         o, w = msg.orientation, msg.angular_velocity
         s.store('imu', ((o.x, o.y, o.z, o.w), (w.x, w.y, w.z)), stamp_of(msg))
         loop.on_reading(s, 'imu')
+
+    def reading_ages(self):
+        """(name, seconds since it arrived) of each session's newest readings (terms, cameras;
+        sorted by name): the diagnostics show them, so that a camera gone quiet is seen there,
+        not only in the refused steps."""
+        now = time.monotonic()
+        return [(s.label + key, now - arrived) for s in self.sessions
+                for key, (_, _, arrived) in sorted(s.inputs.items()) if arrived != math.inf]
 
     def unsubscribe(self):
         for sub in self._subs:
