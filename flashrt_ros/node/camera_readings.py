@@ -53,7 +53,7 @@ class CameraReadings:
         """A camera's message into the observation; InvalidObservation when it cannot be
         read or has another size than the checkpoint's."""
         if key in self.setup.compressed:
-            pixels = compressed_pixels(bytes(msg.data))
+            pixels = compressed_pixels(bytes(msg.data), self.setup.cameras[key][1:])
         else:
             pixels = raw_pixels(msg.encoding, msg.height, msg.width, msg.step, msg.data)
         self.observation.put_image(key, pixels)

@@ -40,12 +40,18 @@ def raw_pixels(encoding, height, width, step, data):
     return pixels[..., ::-1] if bgr else np.repeat(pixels, 3 // channels, axis=2)
 
 
-def compressed_pixels(data):
-    """A sensor_msgs/CompressedImage's data (JPEG, PNG...) -> uint8 [H, W, 3] RGB."""
+def compressed_pixels(data, size=None):
+    """A sensor_msgs/CompressedImage's data (JPEG, PNG...) -> uint8 [H, W, 3] RGB. size: the
+    (height, width) it must have, read from its header and refused (InvalidObservation)
+    before anything is decoded: a frame of another size costs no decode, however large."""
     from PIL import Image, UnidentifiedImageError
     try:
-        return np.asarray(Image.open(io.BytesIO(data)).convert('RGB'))
-    except (UnidentifiedImageError, OSError) as exc:
+        image = Image.open(io.BytesIO(data))
+        if size is not None and image.size != (size[1], size[0]):
+            raise InvalidObservation(f'{image.size[0]} x {image.size[1]}, the checkpoint takes '
+                                     f'{size[1]} x {size[0]}')
+        return np.asarray(image.convert('RGB'))
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise InvalidObservation(f'a compressed image PIL cannot decode: {exc}') from exc
 
 

@@ -37,6 +37,23 @@ def test_each_encoding_reads_as_rgb():
     from PIL import Image
     Image.fromarray(rgb).save(png, format='PNG')
     assert np.array_equal(compressed_pixels(png.getvalue()), rgb)
+    assert np.array_equal(compressed_pixels(png.getvalue(), (5, 7)), rgb)
+
+
+def test_a_compressed_frame_of_another_size_is_refused_before_it_is_decoded(monkeypatch):
+    """The size comes from the header: a frame too large (here 4000 x 3000) is refused
+    without decoding it (PIL's decoder is not called)."""
+    from PIL import Image, ImageFile
+    big = io.BytesIO()
+    Image.new('RGB', (4000, 3000)).save(big, format='JPEG')
+    decoded = []
+    real = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, 'load',
+                        lambda self: decoded.append(self.size) or real(self))
+    with pytest.raises(InvalidObservation, match='4000 x 3000, the checkpoint takes 64 x 48'):
+        compressed_pixels(big.getvalue(), (48, 64))
+    assert decoded == []
+    assert compressed_pixels(big.getvalue()).shape == (3000, 4000, 3) and decoded
 
 
 @pytest.mark.parametrize('bad, words', [
