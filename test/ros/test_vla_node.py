@@ -28,6 +28,9 @@ def _params(folder, **more):
 
 
 def test_node_steps_the_checkpoint_and_restores_mid_chunk(make, folder):
+    """Mid-chunk: a snapshot restored replays, twice; a fork of it runs a what-if (the
+    engine's actions on those other observations) and leaves the original branch as it
+    was."""
     h = make(_params(folder))
     obs = vectors(folder, frames(3 * STEPS, seed=2))
     first = h.steps(obs[:STEPS + 2])
@@ -38,6 +41,14 @@ def test_node_steps_the_checkpoint_and_restores_mid_chunk(make, folder):
     for _ in range(2):
         assert h.call('restore', name='mid').success
         assert h.steps(obs[STEPS + 2:]) == later
+    # a what-if from the same point: a fork of the capsule, other observations on it; the
+    # original branch is untouched by it
+    assert h.call('fork', source='mid', target='what_if').success
+    assert h.call('restore', name='what_if').success
+    other = vectors(folder, frames(len(later), seed=9))
+    assert h.steps(other) == h.reference(obs[:STEPS + 2] + other)[STEPS + 2:] != later
+    assert h.call('restore', name='mid').success
+    assert h.steps(obs[STEPS + 2:]) == later
 
 
 def test_restore_of_the_kv_kind_keeps_the_prefix_across_a_restart(make, folder):

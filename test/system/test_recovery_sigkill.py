@@ -1,6 +1,7 @@
-"""Recovery across processes: the policy node's executable killed with SIGKILL and restarted
-with restore_on_start, and capsule files that a writer killed mid-write can never leave
-loadable. (The in-process recovery tests: test/ros/test_recovery.py.)"""
+"""Recovery across processes: the policy node's executable (a recurrent policy, a SmolVLA
+mid-chunk) killed with SIGKILL and restarted with restore_on_start, and capsule files that a
+writer killed mid-write can never leave loadable. (The in-process recovery tests:
+test/ros/test_recovery.py.)"""
 import os
 import random
 import signal
@@ -90,6 +91,45 @@ def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
         procs.append(_node_process(dict(params, restore_on_start='latest'), domain))
         _wait_for_new_process(client_node, client, seen)
         assert [client.step(o) for o in observations[20:25]] == ref[20:25]
+    finally:
+        for p in procs:
+            stop_gently(p, timeout=10)
+        executor.shutdown()
+        client_node.destroy_node()
+        rclpy.shutdown()
+
+
+@pytest.mark.slow
+def test_a_vla_killed_mid_chunk_resumes_the_same_actions(tmp_path):
+    """A SmolVLA checkpoint on the node's executable (chunks of 5 actions), a checkpoint
+    capsule every 3 steps on disk: SIGKILLed at step 8, restarted with restore_on_start
+    latest, it resumes after step 6 (mid-chunk: the queue, its cursor and the rng counter
+    come back from the file) with the actions of the run that was never killed."""
+    pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
+                        reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
+    from support.smolvla import ACT_DIM, checkpoint, frames, OBS_DIM, vectors, vlm_folder
+    folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
+    capsules = tmp_path / 'capsules'
+    params = dict(policy_type='smolvla', policy_file=folder, obs_dim=OBS_DIM, act_dim=ACT_DIM,
+                  seed=3, device='cpu', capsule_dir=str(capsules), checkpoint_every=3,
+                  checkpoint_to_disk=True, status_period=0.2)
+    observations = vectors(folder, frames(16, seed=5))
+    _, ref = reference_actions(params, observations, tmp_path / 'reference')
+    rclpy.init()
+    client_node = rclpy.create_node('vla_recovery_client')
+    client = PolicyClient(client_node, timeout=60.0)
+    executor = spin_in_thread(client_node)
+    procs = []
+    try:
+        procs.append(_node_process(params, os.environ['ROS_DOMAIN_ID']))
+        seen = _wait_for_new_process(client_node, client, (set(), set()))
+        assert [client.step(o) for o in observations[:8]] == ref[:8]
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(timeout=10)
+        procs.append(_node_process(dict(params, restore_on_start='latest'),
+                                   os.environ['ROS_DOMAIN_ID']))
+        _wait_for_new_process(client_node, client, seen)
+        assert [client.step(o) for o in observations[6:]] == ref[6:]
     finally:
         for p in procs:
             stop_gently(p, timeout=10)
