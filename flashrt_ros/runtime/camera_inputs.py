@@ -85,8 +85,8 @@ class CameraObservation:
         converted there. InvalidObservation (nothing written) for another size."""
         slot = self._images[key]
         if pixels.shape != (slot.shape[1], slot.shape[2], 3):
-            raise InvalidObservation(f'{key} is {pixels.shape[1]} x {pixels.shape[0]}, the '
-                                     f'checkpoint takes {slot.shape[2]} x {slot.shape[1]}')
+            raise InvalidObservation(f'{pixels.shape[1]} x {pixels.shape[0]}, the checkpoint '
+                                     f'takes {slot.shape[2]} x {slot.shape[1]}')
         if not pixels.flags.writeable:      # (PIL's, a message's bytes): torch warns
             pixels = pixels.copy()
         frame = torch.from_numpy(np.ascontiguousarray(pixels)).to(slot.device)
