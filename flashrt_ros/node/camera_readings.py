@@ -9,10 +9,9 @@ state). A step takes the state from the joint state (by name, in joint_names ord
 on the newest frame of each camera. What cannot be read is refused with a message that names
 it, and nothing of the observation changes.
 """
-import numpy as np
-
 from flashrt_ros.runtime.camera_inputs import CameraObservation, compressed_pixels, raw_pixels
 from flashrt_ros.runtime.errors import InvalidObservation
+from flashrt_ros.runtime.observation import ObservationLayout
 
 
 class CameraReadings:
@@ -21,8 +20,11 @@ class CameraReadings:
     (diagnostics.Report: refusals) and log."""
 
     def __init__(self, setup, cfg, device, report, log):
-        self.setup, self.joints = setup, list(cfg.joint_names)
-        self.report, self.log = report, log
+        self.setup, self.report, self.log = setup, report, log
+        # the state read by name as joint_state observations read it (settings: one joint_pos
+        # term, unscaled): joints missing, named twice or not finite are refused there
+        self._state = ObservationLayout([{'name': 'joint_pos', 'offset': [0.0]}],
+                                        cfg.joint_names, [], len(cfg.joint_names))
         self.observation = CameraObservation(setup.state_dim, setup.cameras, setup.tokens,
                                              device)
         self.text = None            # the instruction as given
@@ -69,16 +71,9 @@ class CameraReadings:
     def assemble(self, joint_state):
         """The observation for a step on joint_state ((names, positions, velocities)): the
         vector on the device, [1, obs_dim]; InvalidObservation, before anything is written,
-        when a joint is missing or not finite, or a camera or the instruction has not come."""
-        names, positions, _ = joint_state
-        where = {n: i for i, n in enumerate(names)}
-        missing = [j for j in self.joints if j not in where]
-        if missing or len(positions) != len(names):
-            raise InvalidObservation(f'the joint state lacks {missing or "positions"} (the '
-                                     f'state is {self.joints})')
-        state = np.array([positions[where[j]] for j in self.joints], np.float32)
-        if not np.isfinite(state).all():
-            raise InvalidObservation(f'the joint state of {self.joints} holds NaN or Inf')
+        when a joint is missing, named twice or not finite, or a camera or the instruction has
+        not come."""
+        state = self._state.assemble(0, joint_state=joint_state)
         waiting = [k for k in self.observation.missing() if k not in ('state', 'tokens')]
         if self.setup.tokens and self.text is None:
             waiting.append('an instruction (the instruction parameter or ~/instruction)')
