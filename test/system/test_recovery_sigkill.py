@@ -2,6 +2,7 @@
 mid-chunk) killed with SIGKILL and restarted with restore_on_start, and capsule files that a
 writer killed mid-write can never leave loadable. (The in-process recovery tests:
 test/ros/test_recovery.py.)"""
+import contextlib
 import os
 import random
 import signal
@@ -48,6 +49,24 @@ def _wait_for_new_process(node, client, old):
     return tuple(a | b for a, b in zip(old, _endpoints(node)))
 
 
+@contextlib.contextmanager
+def _client(name, timeout):
+    """(client node, PolicyClient, the node processes the test starts): the processes stopped
+    and ROS shut down after."""
+    rclpy.init()
+    client_node = rclpy.create_node(name)
+    executor = spin_in_thread(client_node)
+    procs = []
+    try:
+        yield client_node, PolicyClient(client_node, timeout=timeout), procs
+    finally:
+        for p in procs:
+            stop_gently(p, timeout=10)
+        executor.shutdown()
+        client_node.destroy_node()
+        rclpy.shutdown()
+
+
 @pytest.mark.slow
 def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
     capsules = tmp_path / 'capsules'
@@ -55,13 +74,8 @@ def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
                   checkpoint_to_disk=True, status_period=0.2)
     observations = obs_range(0, 40)
     _, ref = reference_actions(params, observations, tmp_path / 'reference')
-    rclpy.init()
-    client_node = rclpy.create_node('recovery_client')
-    client = PolicyClient(client_node, timeout=30.0)
-    executor = spin_in_thread(client_node)
     domain = os.environ['ROS_DOMAIN_ID']
-    procs = []
-    try:
+    with _client('recovery_client', 30.0) as (client_node, client, procs):
         seen = (set(), set())
         procs.append(_node_process(params, domain))
         seen = _wait_for_new_process(client_node, client, seen)
@@ -91,12 +105,6 @@ def test_sigkill_then_restore_on_start_resumes_the_same_actions(tmp_path):
         procs.append(_node_process(dict(params, restore_on_start='latest'), domain))
         _wait_for_new_process(client_node, client, seen)
         assert [client.step(o) for o in observations[20:25]] == ref[20:25]
-    finally:
-        for p in procs:
-            stop_gently(p, timeout=10)
-        executor.shutdown()
-        client_node.destroy_node()
-        rclpy.shutdown()
 
 
 @pytest.mark.slow
@@ -115,12 +123,7 @@ def test_a_vla_killed_mid_chunk_resumes_the_same_actions(tmp_path):
                   checkpoint_to_disk=True, status_period=0.2)
     observations = vectors(folder, frames(16, seed=5))
     _, ref = reference_actions(params, observations, tmp_path / 'reference')
-    rclpy.init()
-    client_node = rclpy.create_node('vla_recovery_client')
-    client = PolicyClient(client_node, timeout=60.0)
-    executor = spin_in_thread(client_node)
-    procs = []
-    try:
+    with _client('vla_recovery_client', 60.0) as (client_node, client, procs):
         procs.append(_node_process(params, os.environ['ROS_DOMAIN_ID']))
         seen = _wait_for_new_process(client_node, client, (set(), set()))
         assert [client.step(o) for o in observations[:8]] == ref[:8]
@@ -130,12 +133,6 @@ def test_a_vla_killed_mid_chunk_resumes_the_same_actions(tmp_path):
                                    os.environ['ROS_DOMAIN_ID']))
         _wait_for_new_process(client_node, client, seen)
         assert [client.step(o) for o in observations[6:]] == ref[6:]
-    finally:
-        for p in procs:
-            stop_gently(p, timeout=10)
-        executor.shutdown()
-        client_node.destroy_node()
-        rclpy.shutdown()
 
 
 WRITER = '''
