@@ -13,7 +13,8 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from std_msgs.msg import Float32MultiArray
 
 from flashrt_ros import msg as fmsg
-from flashrt_ros.executors import make_executor, publisher_events, wait_set_race
+from flashrt_ros.executors import (make_executor, publisher_events, ResponseDelivery,
+                                   wait_set_race)
 from flashrt_ros.interfaces import SERVICE_TYPES
 
 
@@ -32,6 +33,7 @@ class Spinner:
         self._stopping = threading.Event()
         for node in nodes:
             self.executor.add_node(node)
+            ResponseDelivery(node)  # its services' responses, also to callers found late
         self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
 

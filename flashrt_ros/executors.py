@@ -16,11 +16,14 @@ publisher and subscription by default: two waitables each). On a service round t
 paid on both sides; see `publisher_events`.
 """
 import os
+import re
 import signal
 import socket
 import sys
 import threading
+import time
 import traceback
+import warnings
 
 import rclpy
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
@@ -62,6 +65,76 @@ def wait_set_race(exc):
         frames[-1].name == 'add_to_wait_set'
 
 
+# rclpy's words (7.1, Jazzy) for a response that rmw_fastrtps did not send: its server waits
+# 100 ms for its response writer to match the caller's response reader, then drops the
+# response (RMW_RET_TIMEOUT) and rclpy only warns. On a loaded machine a new caller's reader
+# is discovered later than that, and the caller waits for an answer that never comes
+# (ros2/rmw_fastrtps#390; seen here as a 60 s timeout of ~/reset_episode in the G1 test).
+_RESPONSE_DROPPED = 'failed to send response (timeout)'
+
+
+class ResponseDelivery:
+    """Every response of `node`'s services delivered, even to a caller discovered late: a
+    response that rmw_fastrtps dropped is sent again from a thread of its own (the executor
+    goes on) until the caller's reader has matched, or `deadline_s` has passed (logged as an
+    error). Wraps the services the node has now (the lifecycle and parameter ones too).
+
+    rclpy reports the drop only as a RuntimeWarning. A warnings filter turns that one warning
+    into an error, which reaches send_response's caller as a SystemError caused by it (the
+    binding ignores the warning's status). A filter is read, never changed, by each call:
+    thread-safe, unlike warnings.catch_warnings."""
+
+    def __init__(self, node, deadline_s=10.0):
+        warnings.filterwarnings('error', message=re.escape(_RESPONSE_DROPPED),
+                                category=RuntimeWarning)
+        self.deadline_s, self._log = deadline_s, node.get_logger()
+        self.late = self.lost = 0   # responses delivered after a drop; given up on
+        for service in node.services:
+            if not getattr(service, 'flashrt_delivery', None):
+                service.flashrt_delivery = self
+                service.send_response = self._sender(service.srv_name, service.send_response)
+
+    def _sender(self, name, send):
+        def send_response(response, header):
+            if not _dropped(send, response, header):
+                return
+            threading.Thread(target=self._resend, args=(name, send, response, header),
+                             daemon=True, name=f'{name} response').start()
+        return send_response
+
+    def _resend(self, name, send, response, header):
+        start = time.monotonic()
+        while time.monotonic() - start < self.deadline_s:
+            try:
+                if not _dropped(send, response, header):    # each try waits up to 100 ms
+                    self.late += 1
+                    self._log.warning(f'{name}: response delivered after '
+                                      f'{time.monotonic() - start:.2f} s more: the caller was '
+                                      'discovered late')
+                    return
+            except InvalidHandle:   # the service is gone (node destroyed)
+                return
+            time.sleep(0.01)
+        self.lost += 1
+        self._log.error(f'{name}: response lost: the caller\'s response reader did not match '
+                        f'in {self.deadline_s} s (a client with an incompatible QoS?)')
+
+
+def _dropped(send, response, header):
+    """send(response, header); True when rmw dropped the response (see ResponseDelivery)."""
+    try:
+        send(response, header)
+    except SystemError as exc:
+        if _RESPONSE_DROPPED in str(exc.__cause__):
+            return True
+        raise
+    except RuntimeWarning as exc:   # a binding that raises the warning itself
+        if _RESPONSE_DROPPED in str(exc):
+            return True
+        raise
+    return False
+
+
 def run(node, startup=None):
     """The executables' main loop: spin `node` until SIGINT or SIGTERM (or until rclpy is shut
     down), then finalize it and exit the process.
@@ -74,6 +147,7 @@ def run(node, startup=None):
     """
     executor = make_executor()
     executor.add_node(node)
+    ResponseDelivery(node)
     stop = stop_on_signals(node)
     status = 1      # if startup raises
     try:
