@@ -22,6 +22,7 @@ reported (max |diff|, and over each action dimension's std across the chunk).
 """
 import argparse
 import datetime
+import itertools
 import sys
 import tempfile
 
@@ -60,7 +61,7 @@ def build(device, kind, dtype):
     return config, policy, stats, gen
 
 
-def run(device, kind, dtype, cfg, tmp, checks, vision='float32'):
+def run(device, kind, dtype, cfg, tmp, checks, vision='float32', kernels='lerobot'):
     from lerobot.processor.factory import make_default_pre_post_processors
 
     from flashrt_ros.runtime.engine import PolicyEngine
@@ -98,22 +99,26 @@ def run(device, kind, dtype, cfg, tmp, checks, vision='float32'):
 
     own = lerobot_chunk()[0]        # LeRobot's model as it builds it (float32 vision)
     ours = Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy
-    # with vision bfloat16 the engine casts LeRobot's vision tower: LeRobot's own from here on
-    # runs the same cast (the baseline as fast as it can be, and the bit-for-bit reference)
-    engine = PolicyEngine(ours(policy, stats=stats, seed=5, vision_dtype=vision),
+    # with vision bfloat16 the engine casts LeRobot's vision tower, with kernels compiled it
+    # compiles its denoise_step: LeRobot's own from here on runs the same (the baseline as fast
+    # as it can be, and the bit-for-bit reference)
+    engine = PolicyEngine(ours(policy, stats=stats, seed=5, vision_dtype=vision,
+                               denoise_kernels=kernels),
                           device=device, capsule_dir=f'{tmp}/capsules')
     mine = engine.policy
     engine.snapshot('start')
     want = lerobot_chunk()[0]
     got = torch.stack([engine.step(obs[0]).cpu() for _ in range(steps)])
     name = f'{kind} {dtype} ({tokens} tokens)' + (f', vision {vision}' if vision != 'float32'
-                                                  else '')
-    same_cast = ' with the same cast' if vision != 'float32' else ''
+                                                  else '') + \
+        (f', {kernels} denoise kernels' if kernels != 'lerobot' else '')
+    changed = vision != 'float32' or kernels != 'lerobot'
+    same_cast = ' with the same cast and kernels' if changed else ''
     check(checks, f'{name}: the engine\'s first chunk equals LeRobot\'s{same_cast} bit for bit '
           f'({steps} actions; max |diff| {float((got - want).abs().max()):.3g})',
           torch.equal(got, want))
     bound = None
-    if vision != 'float32':     # the distance to LeRobot's own actions, measured
+    if changed:     # the distance to LeRobot's own actions, measured
         bound = {'max_abs': float((got - own).abs().max()),
                  'max_abs_over_action_std': float(((got - own).abs() / own.std(0)).max())}
         log(f'  {name}: vs LeRobot\'s own (float32 vision) max |diff| {bound["max_abs"]:.3g}, '
@@ -200,6 +205,8 @@ def main(argv=None):
     ap.add_argument('--dtype', default='bfloat16', help="comma list of 'bfloat16', 'float32'")
     ap.add_argument('--vision', default='float32',
                     help="comma list of vision_dtype values: 'float32' (LeRobot's), 'bfloat16'")
+    ap.add_argument('--denoise-kernels', default='lerobot',
+                    help="comma list of denoise_kernels values: 'lerobot', 'compiled'")
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
     args = ap.parse_args(argv)
@@ -213,17 +220,18 @@ def main(argv=None):
     report.results['sections'] = {'rows': []}
     for kind in args.kinds.split(','):
         for dtype in args.dtype.split(','):
-            for vision in args.vision.split(','):
+            for vision, kernels in itertools.product(args.vision.split(','),
+                                                     args.denoise_kernels.split(',')):
                 if vision == 'bfloat16' and dtype != 'bfloat16':
                     continue        # refused: the vision tower in bfloat16 needs such a model
                 with tempfile.TemporaryDirectory(prefix='frt-pi0-') as tmp:
                     report.results['sections']['rows'].append(
                         run(device, kind, dtype, CONFIGS[mode], tmp, report.results['checks'],
-                            vision))
+                            vision, kernels))
                 report.write()
                 if device.type == 'cuda':
                     torch.cuda.empty_cache()
-                log(f'  {kind} {dtype} vision {vision} done')
+                log(f'  {kind} {dtype} vision {vision} kernels {kernels} done')
     log(render(report.results))
     return 1 if any(not c['passed'] for c in report.results['checks']) else 0
 

@@ -159,6 +159,12 @@ class SmolVLAConfig(LeRobotConfig):
     rtc_max_guidance_weight: float = param(
         10.0, 'real-time chunking: the guidance weight\'s clamp (RTCConfig.max_guidance_weight)',
         low=1e-9)
+    denoise_kernels: str = param(
+        'lerobot', "smolvla, pi0, pi05: the denoising steps' kernels. lerobot: LeRobot's "
+        "(its actions bit for bit); compiled: torch.compile's fused kernels in its "
+        "deterministic mode, a faster chunk whose actions are off LeRobot's by rounding (the "
+        "README measures how far), the first chunk compiling for about a minute",
+        choices=('lerobot', 'compiled'))
 
 
 @dataclass

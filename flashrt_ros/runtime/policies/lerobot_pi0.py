@@ -37,7 +37,8 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_rtc import RealTimeChunkPolicy, RTC_OPTIONS
+from .lerobot_prefix import check_denoise_kernels
+from .lerobot_rtc import RealTimeChunkPolicy
 
 
 class Pi0ChunkPolicy(RealTimeChunkPolicy):
@@ -46,13 +47,13 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
 
     kind = 'pi0'
     state_input = True      # sample_actions takes the padded state (Pi0.5's does not)
-    checkpoint_options = RTC_OPTIONS + ('vision_dtype',)
+    checkpoint_options = RealTimeChunkPolicy.checkpoint_options + ('vision_dtype',)
     computation = ('paligemma_variant', 'action_expert_variant', 'dtype', 'chunk_size',
                    'max_state_dim', 'max_action_dim', 'num_inference_steps', 'min_period',
                    'max_period', 'image_resolution', 'empty_cameras')
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0,
-                 vision_dtype='float32', **rtc):
+                 vision_dtype='float32', denoise_kernels='lerobot', **rtc):
         cfg = lerobot_policy.config
         release = version('lerobot')
         if tuple(int(p) for p in release.split('.')[:2]) < (0, 6):
@@ -68,11 +69,13 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         if vision_dtype == 'bfloat16' and cfg.dtype != 'bfloat16':
             raise InvalidConfig(f'{self.kind}: vision_dtype bfloat16 needs a bfloat16 model '
                                 f'(the checkpoint\'s dtype is {cfg.dtype})')
+        check_denoise_kernels(self.kind, denoise_kernels, rtc.get('rtc_delay', -1))
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.setup_rtc(**rtc)
         self.vision_dtype = vision_dtype
         if vision_dtype == 'bfloat16':      # once nothing else can refuse the model
             vision_in_bfloat16(lerobot_policy)
+        self.use_denoise_kernels(denoise_kernels)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
         self.vocabulary = lerobot_policy.model.paligemma_with_expert.paligemma \
             .get_input_embeddings().num_embeddings

@@ -16,15 +16,44 @@ Both paths denoise from static buffers (_cache), which the whole chunk fills fro
 pass and the denoising steps alone fill from the session's arena views. A subclass gives
 _prefix(batch) -> ([(keys, values)] per layer, pad mask [1, S]) and _denoise(batch) -> the
 chunk's outputs ({'queue': ...}) against self._cache.
+
+denoise_kernels 'compiled' (opt-in; the default 'lerobot' runs LeRobot's modules as they are):
+LeRobot's denoise_step, one flow-matching step of the action expert, compiled by
+torch.compile (inductor) before the graphs are captured. The denoising steps are some thousand
+small kernels a chunk, most of a chunk's time on a GPU; inductor fuses them (on the H200,
+SmolVLA's chunk 37.8 -> 24.7 ms, README). Its deterministic mode is on: no benchmarking that
+could pick other reduction orders in another process, so the actions stay a function of the
+inputs, replay after replay and process after process (tested). They are no longer LeRobot's
+bit for bit: off by float rounding (measured in the README; a trained checkpoint must be
+measured, benchmarks/vla.py --denoise-kernels). The prefix pass keeps LeRobot's kernels, so the
+kept prefix (kind 'kv') is the same either way. The first chunk compiles (about a minute on
+the H200, at configure on CUDA); inductor's cache makes the next configure faster.
 '''
 
 import torch
 
+from ..errors import InvalidConfig
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .lerobot_chunk import LanguageChunkPolicy
 
 PREFIX = ('prefix_k', 'prefix_v', 'prefix_pad')     # the static buffers both graphs read
+DENOISE_KERNELS = ('lerobot', 'compiled')
+
+
+def check_denoise_kernels(kind, kernels, rtc_delay=-1):
+    '''InvalidConfig for a denoise_kernels value that cannot work (before anything changes).'''
+    if kernels not in DENOISE_KERNELS:
+        raise InvalidConfig(f'{kind}: denoise_kernels {kernels!r}: lerobot (LeRobot\'s own) or '
+                            'compiled (torch.compile\'s fused kernels)')
+    if kernels == 'compiled':
+        import torch._inductor.config as inductor
+        if not hasattr(inductor, 'deterministic'):
+            raise InvalidConfig(f'{kind}: denoise_kernels compiled needs inductor\'s '
+                                f'deterministic mode (torch >= 2.10; this is {torch.__version__})')
+        if rtc_delay >= 0:      # RTC differentiates through the step: not measured yet
+            raise InvalidConfig(f'{kind}: denoise_kernels compiled with real-time chunking '
+                                '(rtc_delay) is not supported yet')
 
 
 class KeptPrefixPolicy(LanguageChunkPolicy):
@@ -32,6 +61,20 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
     state (kind 'kv'), reused where the observation repeats bit for bit.'''
 
     kv_shape = None     # one layer's keys (and values); learn_layout() sets it
+    checkpoint_options = ('denoise_kernels',)
+    denoise_kernels = 'lerobot'
+
+    def use_denoise_kernels(self, kernels):
+        '''The kernels of the denoising steps (the module's note); checked before by
+        check_denoise_kernels.'''
+        self.denoise_kernels = kernels
+        if kernels == 'compiled':
+            model = self.lerobot.model
+            model.denoise_step = torch.compile(model.denoise_step, dynamic=False,
+                                               options={'deterministic': True})
+
+    def config(self):
+        return {**super().config(), 'denoise_kernels': self.denoise_kernels}
 
     def learn_layout(self, kv, pad):
         '''The cache's layout, from one prefix pass's output.'''

@@ -47,7 +47,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
     '''A kept-prefix VLA that can compute its next chunk while the queue plays (setup_rtc).'''
 
     rtc = None              # LeRobot's RTCProcessor when real-time chunking is on
-    checkpoint_options = RTC_OPTIONS
+    checkpoint_options = KeptPrefixPolicy.checkpoint_options + RTC_OPTIONS
     _guidance = {}          # the RTC arguments while a guided graph is built (_denoise reads)
 
     def setup_rtc(self, rtc_delay=-1, rtc_queue_threshold=0, rtc_execution_horizon=10,

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
+from .lerobot_prefix import check_denoise_kernels
 from .lerobot_rtc import RealTimeChunkPolicy
 
 
@@ -28,8 +29,10 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
                    'expert_width_multiplier', 'add_image_special_tokens', 'min_period',
                    'max_period', 'use_cache', 'empty_cameras')
 
-    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0, **rtc):
+    def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0,
+                 denoise_kernels='lerobot', **rtc):
         cfg = lerobot_policy.config
+        check_denoise_kernels(self.kind, denoise_kernels, rtc.get('rtc_delay', -1))
         if getattr(cfg, 'adapt_to_pi_aloha', False) or not cfg.use_cache:
             raise InvalidConfig('smolvla: adapt_to_pi_aloha and use_cache false are not '
                                 'supported yet')
@@ -45,6 +48,7 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
             self._inputs(torch.zeros(self.obs_dim, device=self.device)), record=True))
         self.vocabulary = self.lerobot.model.vlm_with_expert.get_vlm_model().text_model \
             .embed_tokens.num_embeddings
+        self.use_denoise_kernels(denoise_kernels)
 
     def _prefix(self, batch, record=False):
         '''LeRobot's sample_actions up to the filled KV cache: ([(keys, values)] per layer,

@@ -1,0 +1,80 @@
+"""Probe: SmolVLA's chunk graph with parts of LeRobot's model compiled by torch.compile
+(inductor's fused kernels), against the same graph on LeRobot's own kernels: replay time,
+distance of the chunk, and whether replays stay bit-identical.
+
+    python -m benchmarks.vla_compile --device cuda [--size published]
+"""
+import argparse
+import tempfile
+import time
+
+import torch
+
+from benchmarks import vla
+
+
+def _replay_ms(graph, times=20):
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(times):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / times * 1e3
+
+
+def _compile(model, parts, mode):
+    if 'denoise' in parts:
+        model.denoise_step = torch.compile(model.denoise_step, mode=mode, dynamic=False)
+    if 'forward' in parts:
+        vwe = model.vlm_with_expert
+        vwe.forward = torch.compile(vwe.forward, mode=mode, dynamic=False)
+    if 'image' in parts:
+        vwe = model.vlm_with_expert
+        vwe.embed_image = torch.compile(vwe.embed_image, mode=mode, dynamic=False)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--device', default='cuda')
+    ap.add_argument('--size', default='published')
+    ap.add_argument('--variants', default='denoise;denoise,forward;denoise,forward,image')
+    ap.add_argument('--mode', default=None)
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, _, policy = vla._models('smolvla', args.size, dev, tmp, torch.bfloat16)
+        policy.capture(True)
+        torch.manual_seed(0)
+        obs = torch.rand_like(policy._chunk_obs)
+        policy._chunk_obs.copy_(obs)
+        cuda = dev.type == 'cuda'
+        ms = _replay_ms(policy._chunk_graph) if cuda else float('nan')
+        policy._chunk_graph.replay()
+        base = {k: v.clone() for k, v in policy._chunk_out.items()}
+        print(f'lerobot kernels: chunk graph replay {ms:.2f} ms', flush=True)
+        for variant in args.variants.split(';'):
+            parts = variant.split(',')
+            _compile(policy.lerobot.model, parts, args.mode)
+            t0 = time.perf_counter()
+            policy.capture(True)
+            built = time.perf_counter() - t0
+            policy._chunk_obs.copy_(obs)
+            ms = _replay_ms(policy._chunk_graph) if cuda else float('nan')
+            outs = []
+            for _ in range(8):
+                policy._chunk_graph.replay()
+                outs.append({k: v.clone() for k, v in policy._chunk_out.items()})
+            same = all(torch.equal(o[k], outs[0][k]) for o in outs for k in o)
+            diffs = {k: (outs[0][k].float() - base[k].float()).abs().max().item()
+                     for k in base if base[k].is_floating_point()}
+            scale = {k: base[k].float().abs().max().item() for k in diffs}
+            print(f'compiled {variant}: built+captured in {built:.1f} s, replay {ms:.2f} ms, '
+                  f'8 replays identical {same}, max abs diff vs lerobot kernels '
+                  + ', '.join(f'{k} {d:.3g} (of {scale[k]:.3g})' for k, d in diffs.items()),
+                  flush=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,106 @@
+"""denoise_kernels 'compiled' (runtime/policies/lerobot_prefix.py): SmolVLA's denoising steps
+compiled by torch.compile. Its actions are LeRobot's within float rounding (not bit for bit:
+other kernels), its kept prefix is LeRobot's bit for bit (the prefix pass is not compiled),
+and it is exact every time: a capsule mid-chunk replays the same actions 8 times, and a fresh
+process that compiles again gives the same bits. The tiny SmolVLA of support/smolvla.py."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
+                    reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
+
+from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
+from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
+from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
+from support.smolvla import checkpoint, frames, vectors, vlm_folder  # noqa: E402
+
+STEPS, SEED = 5, 7      # the demo checkpoint's n_action_steps; the engine's noise seed
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
+# LeRobot's actions are O(1) here; on the H200 the published sizes were 8.3e-7 off
+# (README). The bound is for these random weights, not a trained checkpoint.
+BOUND = 1e-4
+
+
+@pytest.fixture(scope='module')
+def folder(tmp_path_factory):
+    return checkpoint(vlm_folder(tmp_path_factory.mktemp('smolvlm')),
+                      tmp_path_factory.mktemp('checkpoint'))
+
+
+def _engine(folder, tmp_path, device, kernels):
+    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED, denoise_kernels=kernels)
+    return PolicyEngine(policy, device=device, capsule_dir=str(tmp_path / 'capsules'))
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
+        folder, tmp_path, device):
+    observations = vectors(folder, frames(2 * STEPS + 3, seed=4))
+    lerobot = _engine(folder, tmp_path, device, 'lerobot')
+    compiled = _engine(folder, tmp_path, device, 'compiled')
+    assert compiled.policy.config()['denoise_kernels'] == 'compiled'
+    want = torch.stack([lerobot.step(o) for o in observations]).cpu()
+    got = torch.stack([compiled.step(o) for o in observations]).cpu()
+    worst = float((got.double() - want.double()).abs().max())
+    assert worst <= BOUND, worst
+    assert not torch.equal(got, want) or device == 'cpu', 'no other kernels ran'
+    for name in ('prefix_k', 'prefix_v', 'prefix_pad'):     # the prefix pass: LeRobot's
+        assert torch.equal(compiled.policy.views[name], lerobot.policy.views[name]), name
+    # a capsule mid-chunk: the same actions across the next chunk, 8 times
+    compiled.reset_episode()
+    for obs in observations[:STEPS + 2]:
+        compiled.step(obs)
+    compiled.snapshot('mid')
+    later = observations[STEPS + 2:]
+    again = torch.stack([compiled.step(o) for o in later])
+    for _ in range(8):
+        compiled.restore('mid')
+        assert torch.equal(torch.stack([compiled.step(o) for o in later]), again)
+    # a fresh process compiles again and gives the same bits
+    path = tmp_path / 'capsules' / 'mid.capsule'     # in its capsule_dir
+    compiled.save('mid', str(path))
+    np.save(tmp_path / 'later.npy', np.stack(later))
+    script = (
+        'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
+        'from test_lerobot_compiled import _engine\n'
+        'e = _engine(%r, pathlib.Path(%r), %r, "compiled")\n'
+        'e.load(%r, "mid"); e.restore("mid")\n'
+        'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
+        % (sys.path, folder, str(tmp_path), device, str(path),
+           str(tmp_path / 'later.npy')))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=str(tmp_path), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fresh = torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert torch.equal(fresh, again.cpu())
+
+
+def test_a_capsule_of_other_kernels_is_refused(folder, tmp_path):
+    """The actions of a capsule's queue came from one set of kernels: a node on the other
+    refuses the file rather than mix them."""
+    compiled = _engine(folder, tmp_path, 'cpu', 'compiled')
+    lerobot = _engine(folder, tmp_path, 'cpu', 'lerobot')
+    lerobot.step(vectors(folder, frames(1))[0])
+    lerobot.snapshot('one')
+    path = str(tmp_path / 'capsules' / 'one.capsule')
+    lerobot.save('one', path)
+    with pytest.raises(IncompatibleCapsule):
+        compiled.load(path, 'one')
+    assert 'one' not in compiled.store
+
+
+def test_unknown_kernels_and_real_time_chunking_are_refused_before_anything_changes(folder):
+    from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
+    model = SmolVLAPolicy.from_pretrained(folder)
+    step = model.model.denoise_step
+    with pytest.raises(InvalidConfig, match="denoise_kernels 'triton'"):
+        SmolVLAChunkPolicy(model, stats={}, denoise_kernels='triton')
+    with pytest.raises(InvalidConfig, match='real-time chunking'):
+        SmolVLAChunkPolicy(model, stats={}, denoise_kernels='compiled', rtc_delay=2,
+                           rtc_queue_threshold=3)
+    assert model.model.denoise_step == step     # not compiled
