@@ -162,8 +162,8 @@ class SmolVLAConfig(LeRobotConfig):
     denoise_kernels: str = param(
         'lerobot', "smolvla, pi0, pi05: the denoising steps' kernels. lerobot: LeRobot's "
         "(its actions bit for bit); compiled: torch.compile's fused kernels in its "
-        "deterministic mode, a faster chunk whose actions are off LeRobot's by rounding (the "
-        "README measures how far), the first chunk compiling for about a minute",
+        "deterministic mode, a faster chunk whose actions are off LeRobot's by rounding "
+        '(the README measures how far), the first chunk compiling for about a minute',
         choices=('lerobot', 'compiled'))
 
 

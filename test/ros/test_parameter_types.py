@@ -242,11 +242,12 @@ def test_checkpoint_settings_set_on_an_active_fleet_act_on_every_session(make):
 
 @pytest.mark.parametrize('kind, name, value', [('act', 'rtc_delay', 2),
                                                ('recurrent', 'rtc_queue_threshold', 5),
-                                               ('smolvla', 'vision_dtype', 'bfloat16')])
+                                               ('smolvla', 'vision_dtype', 'bfloat16'),
+                                               ('act', 'denoise_kernels', 'compiled')])
 def test_a_checkpoint_option_for_a_kind_without_it_is_refused(kind, name, value):
-    """Real-time chunking or vision_dtype set for a kind that has no such option would be
-    ignored (other actions than asked for): refused naming the kinds that take it; the same
-    value for a kind that takes it builds."""
+    """Real-time chunking, vision_dtype or denoise_kernels set for a kind that has no such
+    option would be ignored (other actions than asked for): refused naming the kinds that take
+    it; the same value for a kind that takes it builds."""
     values = {f.name: node_params._default(f) for f in node_params.ALL_FIELDS}
     with pytest.raises(node_params.InvalidConfig, match=f"'{name}' is an option of"):
         node_params.build(dict(values, policy_type=kind, **{name: value}))

@@ -40,10 +40,13 @@ RTC = {'rtc_delay': 2, 'rtc_queue_threshold': 3, 'rtc_schedule': 'exp'}
 
 @_needs_ros2
 @pytest.mark.slow
-@pytest.mark.parametrize('rtc', [False, True], ids=['queue', 'real_time_chunking'])
-def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, rtc):
-    """rtc: with the rtc_* launch arguments (the whole chunk goes out, 8 actions)."""
-    options = RTC if rtc else {}
+@pytest.mark.parametrize('options', [{}, RTC, {'denoise_kernels': 'compiled'}],
+                         ids=['queue', 'real_time_chunking', 'compiled_kernels'])
+def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
+    """With the rtc_* launch arguments the whole chunk goes out (8 actions); with
+    denoise_kernels compiled the launched node compiles in its process and its actions are
+    those of an engine compiled in this one, bit for bit."""
+    rtc = 'rtc_delay' in options
     folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
     joints = [f'j{i}' for i in range(STATE_DIM)]
     arm = [f'arm_{i}' for i in range(ACT_DIM)]
@@ -96,7 +99,7 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, rtc):
         assert list(chunks[0].joint_names) == arm
         assert len(chunks[0].points) == (8 if rtc else 5)
         assert list(chunks[0].points[0].positions) == pytest.approx(actions[0], abs=0)
-        if not rtc:     # a new instruction while running, through the real `ros2 param`
+        if not options:     # a new instruction while running, through the real `ros2 param`
             for verb, *args in (('set', TASKS[1]), ('get',)):
                 r = subprocess.run([ROS2, 'param', verb, '--no-daemon', '--timeout', '30',
                                     '/flashrt_policy', 'instruction', *args],
