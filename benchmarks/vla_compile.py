@@ -11,17 +11,7 @@ import time
 import torch
 
 from benchmarks import vla
-
-
-def _replay_ms(graph, times=20):
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(times):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / times * 1e3
+from benchmarks.vla_profile import _replay_ms
 
 
 def _compile(model, parts, mode):
@@ -50,7 +40,7 @@ def main():
         obs = torch.rand_like(policy._chunk_obs)
         policy._chunk_obs.copy_(obs)
         cuda = dev.type == 'cuda'
-        ms = _replay_ms(policy._chunk_graph) if cuda else float('nan')
+        ms = _replay_ms(policy._chunk_graph, 20) if cuda else float('nan')
         policy._chunk_graph.replay()
         base = {k: v.clone() for k, v in policy._chunk_out.items()}
         print(f'lerobot kernels: chunk graph replay {ms:.2f} ms', flush=True)
@@ -61,7 +51,7 @@ def main():
             policy.capture(True)
             built = time.perf_counter() - t0
             policy._chunk_obs.copy_(obs)
-            ms = _replay_ms(policy._chunk_graph) if cuda else float('nan')
+            ms = _replay_ms(policy._chunk_graph, 20) if cuda else float('nan')
             outs = []
             for _ in range(8):
                 policy._chunk_graph.replay()

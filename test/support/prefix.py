@@ -30,3 +30,24 @@ def check_changed_bits_recompute(engine, changed):
     assert policy.prefix_reused == reused
     assert torch.equal(policy.views['prefix_obs'].cpu().view(torch.int32),
                        torch.from_numpy(changed).view(torch.int32))
+
+
+def steps_in_a_fresh_process(make_engine, capsule, path, observations, tmp_path, timeout=600):
+    """The actions (a CPU tensor) of a new Python process that runs `make_engine` (statements
+    that bind `e` to an engine, with this process's sys.path), loads the capsule file `path`
+    as `capsule`, restores it and steps through `observations` (numpy float32 vectors)."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+    np.save(tmp_path / 'later.npy', np.stack(observations))
+    script = ('import sys, json, pathlib, numpy; sys.path[:0] = %r\n%s\n'
+              'e.load(%r, %r)\ne.restore(%r)\n'
+              'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
+              % (sys.path, make_engine, str(path), capsule, capsule,
+                 str(tmp_path / 'later.npy')))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=str(tmp_path), timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -21,7 +21,8 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
-from support.prefix import check_changed_bits_recompute, check_restarts_reuse_the_prefix  # noqa
+from support.prefix import (check_changed_bits_recompute, check_restarts_reuse_the_prefix,  # noqa
+                            steps_in_a_fresh_process)
 from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, frames, pipeline, smolvla,  # noqa: E402
                              STATE_DIM, statistics, vectors, vlm_folder)
 
@@ -86,20 +87,11 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_p
         assert torch.equal(torch.stack([engine.step(obs) for obs in later]), want)
     path = tmp_path / 'capsules' / 'mid.capsule'
     engine.save('mid', str(path))
-    np.save(tmp_path / 'later.npy', np.stack(later))
-    script = (
-        'import sys, json, pathlib, numpy, torch; sys.path[:0] = %r\n'
+    fresh = steps_in_a_fresh_process(
         'from test_lerobot_chunk import _engine\n'
-        'e = _engine(%r, pathlib.Path(%r), %r)\n'
-        'e.load(%r, "mid")\n'
-        'e.restore("mid")\n'
-        'later = numpy.load(%r)\n'
-        'print(json.dumps([e.step(o).tolist() for o in later]))\n'
-        % (sys.path, folder, str(tmp_path), device, str(path), str(tmp_path / 'later.npy')))
-    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])), want)
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})',
+        'mid', path, later, tmp_path)
+    assert torch.equal(fresh, want.cpu())
 
 
 @pytest.mark.parametrize('device', DEVICES)

@@ -3,11 +3,6 @@ compiled by torch.compile. Its actions are LeRobot's within float rounding (not 
 other kernels), its kept prefix is LeRobot's bit for bit (the prefix pass is not compiled),
 and it is exact every time: a capsule mid-chunk replays the same actions 8 times, and a fresh
 process that compiles again gives the same bits. The tiny SmolVLA of support/smolvla.py."""
-import json
-import subprocess
-import sys
-
-import numpy as np
 import pytest
 import torch
 
@@ -17,6 +12,7 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
+from support.prefix import steps_in_a_fresh_process  # noqa: E402
 from support.smolvla import checkpoint, frames, vectors, vlm_folder  # noqa: E402
 
 STEPS, SEED = 5, 7      # the demo checkpoint's n_action_steps; the engine's noise seed
@@ -64,19 +60,10 @@ def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
     # a fresh process compiles again and gives the same bits
     path = tmp_path / 'capsules' / 'mid.capsule'     # in its capsule_dir
     compiled.save('mid', str(path))
-    np.save(tmp_path / 'later.npy', np.stack(later))
-    script = (
-        'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
+    fresh = steps_in_a_fresh_process(
         'from test_lerobot_compiled import _engine\n'
-        'e = _engine(%r, pathlib.Path(%r), %r, "compiled")\n'
-        'e.load(%r, "mid"); e.restore("mid")\n'
-        'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
-        % (sys.path, folder, str(tmp_path), device, str(path),
-           str(tmp_path / 'later.npy')))
-    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    fresh = torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]))
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r}, "compiled")',
+        'mid', path, later, tmp_path)
     assert torch.equal(fresh, again.cpu())
 
 

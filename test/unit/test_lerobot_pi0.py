@@ -6,9 +6,6 @@ across the next chunk, 8 times and in a fresh process. The model is LeRobot's PI
 reduced sizes (support/pi0.py). Pi0 needs LeRobot >= 0.6 (Python >= 3.12): CI's Python 3.11
 has LeRobot 0.4.4, so these run under tools/test_lerobot06.sh and on the GPU machine.
 """
-import json
-import subprocess
-import sys
 from importlib.metadata import version
 
 import numpy as np
@@ -25,7 +22,8 @@ from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
 from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
 from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
-from support.prefix import check_changed_bits_recompute, check_restarts_reuse_the_prefix  # noqa
+from support.prefix import (check_changed_bits_recompute, check_restarts_reuse_the_prefix,  # noqa
+                            steps_in_a_fresh_process)
 from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
                          small_sizes, STEPS, vector)
 
@@ -91,22 +89,11 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_pat
         engine.restore('mid')
         assert torch.equal(torch.stack([engine.step(o) for o in later]), want)
     path = engine.save('mid', str(tmp_path / 'capsules' / 'mid.capsule')).path
-    np.save(tmp_path / 'later.npy', np.stack(later))
-    script = (
-        'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
-        'from test_lerobot_pi0 import _engine\n'
-        'from support.pi0 import pi0\n'
-        'e = _engine(pi0(kind=%r), %r, pathlib.Path(%r))\n'
-        'e.load(%r, "mid")\n'
-        'e.restore("mid")\n'
-        'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
-        % (sys.path, model[0].config.type, device, str(tmp_path), path,
-           str(tmp_path / 'later.npy')))
-    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])),
-                       want.cpu())
+    fresh = steps_in_a_fresh_process(
+        'from test_lerobot_pi0 import _engine\nfrom support.pi0 import pi0\n'
+        f'e = _engine(pi0(kind={model[0].config.type!r}), {device!r}, '
+        f'pathlib.Path({str(tmp_path)!r}))', 'mid', path, later, tmp_path)
+    assert torch.equal(fresh, want.cpu())
 
 
 @pytest.mark.parametrize('device', DEVICES)

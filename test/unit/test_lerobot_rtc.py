@@ -4,11 +4,6 @@ delay fixed; the guidance is load-bearing; a capsule taken while a chunk is in f
 same chunk at the same step, 8 times, after a rollback and in a fresh process; settings that
 cannot work are refused. The model is the tiny SmolVLA LeRobot builds offline
 (support/smolvla.py); Pi0 and Pi0.5 are in test_lerobot_pi0.py."""
-import json
-import subprocess
-import sys
-
-import numpy as np
 import pytest
 import torch
 
@@ -20,6 +15,7 @@ from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy  # noqa: E40
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
+from support.prefix import steps_in_a_fresh_process  # noqa: E402
 from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
 from support.smolvla import checkpoint, frames, pipeline, vectors, vlm_folder  # noqa: E402
 
@@ -100,19 +96,11 @@ def test_a_capsule_taken_in_flight_lands_the_same_chunk(folder, tmp_path, device
     assert torch.equal(torch.stack([engine.step(o) for o in later[1:]]), want[1:])
     path = tmp_path / 'capsules' / 'flight.capsule'
     engine.save('flight', str(path))
-    np.save(tmp_path / 'later.npy', np.stack(later))
-    script = (
-        'import sys, json, pathlib, numpy; sys.path[:0] = %r\n'
+    fresh = steps_in_a_fresh_process(
         'from test_lerobot_rtc import _engine\n'
-        'e = _engine(%r, pathlib.Path(%r), %r)\n'
-        'e.load(%r, "flight")\n'
-        'e.restore("flight")\n'
-        'print(json.dumps([e.step(o).tolist() for o in numpy.load(%r)]))\n'
-        % (sys.path, folder, str(tmp_path), device, str(path), str(tmp_path / 'later.npy')))
-    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert torch.equal(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])), want)
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})',
+        'flight', path, later, tmp_path)
+    assert torch.equal(fresh, want.cpu())
 
 
 def test_settings_that_cannot_work_are_refused(folder, tmp_path):
