@@ -51,3 +51,16 @@ def steps_in_a_fresh_process(make_engine, capsule, path, observations, tmp_path,
                          cwd=str(tmp_path), timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def check_a_capsule_replays(engine, before, later, name='mid', times=8):
+    """Steps through `before`, takes capsule `name`, steps through `later`; then, `times`
+    times, restores it and steps through `later` again: the same actions, which it returns."""
+    for obs in before:
+        engine.step(obs)
+    engine.snapshot(name)
+    want = torch.stack([engine.step(obs) for obs in later])
+    for i in range(times):
+        engine.restore(name)
+        assert torch.equal(torch.stack([engine.step(obs) for obs in later]), want), i
+    return want

@@ -21,8 +21,8 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
-from support.prefix import (check_changed_bits_recompute, check_restarts_reuse_the_prefix,  # noqa
-                            steps_in_a_fresh_process)
+from support.prefix import (check_a_capsule_replays, check_changed_bits_recompute,  # noqa
+                            check_restarts_reuse_the_prefix, steps_in_a_fresh_process)
 from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, frames, pipeline, smolvla,  # noqa: E402
                              STATE_DIM, statistics, vectors, vlm_folder)
 
@@ -76,15 +76,9 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_p
     vlm, folder = folders
     engine = _engine(folder, tmp_path, device)
     obs_seq = vectors(folder, frames(2 * STEPS + 6, seed=1))
-    for obs in obs_seq[:STEPS + 2]:
-        engine.step(obs)
-    engine.snapshot('mid')
     # the replay crosses the next chunk, computed from the restored rng counter and inputs
     later = obs_seq[STEPS + 2:]
-    want = torch.stack([engine.step(obs) for obs in later])
-    for _ in range(8):
-        engine.restore('mid')
-        assert torch.equal(torch.stack([engine.step(obs) for obs in later]), want)
+    want = check_a_capsule_replays(engine, obs_seq[:STEPS + 2], later)
     path = tmp_path / 'capsules' / 'mid.capsule'
     engine.save('mid', str(path))
     fresh = steps_in_a_fresh_process(

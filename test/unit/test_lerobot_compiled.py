@@ -12,7 +12,7 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
-from support.prefix import steps_in_a_fresh_process  # noqa: E402
+from support.prefix import check_a_capsule_replays, steps_in_a_fresh_process  # noqa: E402
 from support.smolvla import checkpoint, frames, vectors, vlm_folder  # noqa: E402
 
 STEPS, SEED = 5, 7      # the demo checkpoint's n_action_steps; the engine's noise seed
@@ -49,14 +49,8 @@ def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
         assert torch.equal(compiled.policy.views[name], lerobot.policy.views[name]), name
     # a capsule mid-chunk: the same actions across the next chunk, 8 times
     compiled.reset_episode()
-    for obs in observations[:STEPS + 2]:
-        compiled.step(obs)
-    compiled.snapshot('mid')
     later = observations[STEPS + 2:]
-    again = torch.stack([compiled.step(o) for o in later])
-    for _ in range(8):
-        compiled.restore('mid')
-        assert torch.equal(torch.stack([compiled.step(o) for o in later]), again)
+    again = check_a_capsule_replays(compiled, observations[:STEPS + 2], later)
     # a fresh process compiles again and gives the same bits
     path = tmp_path / 'capsules' / 'mid.capsule'     # in its capsule_dir
     compiled.save('mid', str(path))

@@ -22,8 +22,8 @@ from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
 from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
 from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
-from support.prefix import (check_changed_bits_recompute, check_restarts_reuse_the_prefix,  # noqa
-                            steps_in_a_fresh_process)
+from support.prefix import (check_a_capsule_replays, check_changed_bits_recompute,  # noqa
+                            check_restarts_reuse_the_prefix, steps_in_a_fresh_process)
 from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
                          small_sizes, STEPS, vector)
 
@@ -80,14 +80,8 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(model, tmp_path, devi
 def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_path, device):
     engine = _engine(model, device, tmp_path)
     obs = [vector(f) for f in frames(2 * STEPS + 3, engine.policy.vocabulary, seed=1)]
-    for o in obs[:STEPS + 1]:
-        engine.step(o)
-    engine.snapshot('mid')
     later = obs[STEPS + 1:]       # crosses into the third chunk
-    want = torch.stack([engine.step(o) for o in later])
-    for _ in range(8):
-        engine.restore('mid')
-        assert torch.equal(torch.stack([engine.step(o) for o in later]), want)
+    want = check_a_capsule_replays(engine, obs[:STEPS + 1], later)
     path = engine.save('mid', str(tmp_path / 'capsules' / 'mid.capsule')).path
     fresh = steps_in_a_fresh_process(
         'from test_lerobot_pi0 import _engine\nfrom support.pi0 import pi0\n'
