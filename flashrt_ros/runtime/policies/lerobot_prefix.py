@@ -21,7 +21,7 @@ denoise_kernels 'compiled' (opt-in; the default 'lerobot' runs LeRobot's modules
 LeRobot's denoise_step, one flow-matching step of the action expert, compiled by
 torch.compile (inductor) before the graphs are captured. The denoising steps are some thousand
 small kernels a chunk, most of a chunk's time on a GPU; inductor fuses them (on the H200,
-SmolVLA's chunk 37.8 -> 24.7 ms, README). Its deterministic mode is on: no benchmarking that
+SmolVLA's chunk graph 37.9 -> 24.8 ms, README). Its deterministic mode is on: no benchmarking that
 could pick other reduction orders in another process, so the actions stay a function of the
 inputs, replay after replay and process after process (tested). They are no longer LeRobot's
 bit for bit: off by float rounding (measured in the README; a trained checkpoint must be
