@@ -248,13 +248,13 @@ def main(argv=None):
     report.results['sections'] = {'rows': []}
     for kind in args.policies.split(','):
         for size in args.sizes.split(','):
-            for kernels in args.denoise_kernels.split(',') if kind == 'smolvla' else ['']:
-                if kind != 'smolvla' and size == 'aloha':
-                    continue
+            if kind != 'smolvla' and size == 'aloha':
+                continue
+            for kernels in args.denoise_kernels.split(',') if kind == 'smolvla' else ['lerobot']:
                 with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
                     report.results['sections']['rows'].append(
                         run(device, kind, size, cfg, tmp, report.results['checks'],
-                            getattr(torch, args.vlm_dtype), kernels or 'lerobot'))
+                            getattr(torch, args.vlm_dtype), kernels))
                 report.write()
                 log(f'  {kind} {size} {kernels} done')
     log(render(report.results))

@@ -15,13 +15,12 @@ from benchmarks.vla_profile import _replay_ms
 
 
 def _compile(model, parts, mode):
+    vwe = model.vlm_with_expert
     if 'denoise' in parts:
         model.denoise_step = torch.compile(model.denoise_step, mode=mode, dynamic=False)
     if 'forward' in parts:
-        vwe = model.vlm_with_expert
         vwe.forward = torch.compile(vwe.forward, mode=mode, dynamic=False)
     if 'image' in parts:
-        vwe = model.vlm_with_expert
         vwe.embed_image = torch.compile(vwe.embed_image, mode=mode, dynamic=False)
 
 

@@ -9,7 +9,7 @@ import pytest
 rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run tools/bootstrap.sh first')
 pytestmark = pytest.mark.ros
 
-from rclpy.qos import DurabilityPolicy, QoSProfile  # noqa: E402
+from rclpy.qos import DurabilityPolicy, qos_profile_services_default, QoSProfile  # noqa: E402
 from std_srvs.srv import Trigger  # noqa: E402
 from flashrt_ros.client import call_service, spin_in_thread  # noqa: E402
 from flashrt_ros.executors import ResponseDelivery  # noqa: E402
@@ -36,10 +36,8 @@ class _Server:
         response.success, response.message = True, f'request {self.requests}'
         return response
 
-    def client(self, qos=None):
-        client = self.caller.create_client(Trigger, self.service_name,
-                                           **({'qos_profile': qos} if qos else {}))
-        return client
+    def client(self, qos=qos_profile_services_default):
+        return self.caller.create_client(Trigger, self.service_name, qos_profile=qos)
 
     def close(self):
         self.spinner.shutdown()

@@ -32,15 +32,18 @@ def check_changed_bits_recompute(engine, changed):
                        torch.from_numpy(changed).view(torch.int32))
 
 
-def steps_in_a_fresh_process(make_engine, capsule, path, observations, tmp_path, timeout=600):
-    """The actions (a CPU tensor) of a new Python process that runs `make_engine` (statements
-    that bind `e` to an engine, with this process's sys.path), loads the capsule file `path`
-    as `capsule`, restores it and steps through `observations` (numpy float32 vectors)."""
+def steps_in_a_fresh_process(engine, capsule, make_engine, observations, tmp_path,
+                             timeout=600):
+    """Saves `engine`'s capsule `capsule` to tmp_path/capsules (the tests' capsule_dir); the
+    actions (a CPU tensor) of a new Python process that runs `make_engine` (statements that
+    bind `e` to an engine, with this process's sys.path), loads that file as `capsule`,
+    restores it and steps through `observations` (numpy float32 vectors)."""
     import json
     import subprocess
     import sys
 
     import numpy as np
+    path = engine.save(capsule, str(tmp_path / 'capsules' / f'{capsule}.capsule')).path
     np.save(tmp_path / 'later.npy', np.stack(observations))
     script = ('import sys, json, pathlib, numpy; sys.path[:0] = %r\n%s\n'
               'e.load(%r, %r)\ne.restore(%r)\n'

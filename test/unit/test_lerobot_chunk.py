@@ -79,12 +79,9 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_p
     # the replay crosses the next chunk, computed from the restored rng counter and inputs
     later = obs_seq[STEPS + 2:]
     want = check_a_capsule_replays(engine, obs_seq[:STEPS + 2], later)
-    path = tmp_path / 'capsules' / 'mid.capsule'
-    engine.save('mid', str(path))
     fresh = steps_in_a_fresh_process(
-        'from test_lerobot_chunk import _engine\n'
-        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})',
-        'mid', path, later, tmp_path)
+        engine, 'mid', 'from test_lerobot_chunk import _engine\n'
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})', later, tmp_path)
     assert torch.equal(fresh, want.cpu())
 
 

@@ -82,11 +82,10 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_pat
     obs = [vector(f) for f in frames(2 * STEPS + 3, engine.policy.vocabulary, seed=1)]
     later = obs[STEPS + 1:]       # crosses into the third chunk
     want = check_a_capsule_replays(engine, obs[:STEPS + 1], later)
-    path = engine.save('mid', str(tmp_path / 'capsules' / 'mid.capsule')).path
     fresh = steps_in_a_fresh_process(
-        'from test_lerobot_pi0 import _engine\nfrom support.pi0 import pi0\n'
+        engine, 'mid', 'from test_lerobot_pi0 import _engine\nfrom support.pi0 import pi0\n'
         f'e = _engine(pi0(kind={model[0].config.type!r}), {device!r}, '
-        f'pathlib.Path({str(tmp_path)!r}))', 'mid', path, later, tmp_path)
+        f'pathlib.Path({str(tmp_path)!r}))', later, tmp_path)
     assert torch.equal(fresh, want.cpu())
 
 

@@ -94,12 +94,9 @@ def test_a_capsule_taken_in_flight_lands_the_same_chunk(folder, tmp_path, device
         engine.step(o)
     engine.rollback(2)      # back into the next flight
     assert torch.equal(torch.stack([engine.step(o) for o in later[1:]]), want[1:])
-    path = tmp_path / 'capsules' / 'flight.capsule'
-    engine.save('flight', str(path))
     fresh = steps_in_a_fresh_process(
-        'from test_lerobot_rtc import _engine\n'
-        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})',
-        'flight', path, later, tmp_path)
+        engine, 'flight', 'from test_lerobot_rtc import _engine\n'
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})', later, tmp_path)
     assert torch.equal(fresh, want.cpu())
 
 
