@@ -306,13 +306,13 @@ def set_process_priority(priority, log):
 
 
 class ControlThread:
-    """Spins `group` (a ControlGroup) of `node` on a thread of its own, from start() until
-    stop(). Create the group's entities before start() and destroy them after stop(): the
-    node wakes only the executor it was added to, so this thread would not see a change to
-    its wait set until its next wake (at most poll_s)."""
+    """Spins `group` (a ControlGroup) of `node` on a thread of its own, named after the node
+    and `role`, from start() until stop(). Create the group's entities before start() and
+    destroy them after stop(): the node wakes only the executor it was added to, so this
+    thread would not see a change to its wait set until its next wake (at most poll_s)."""
 
-    def __init__(self, node, group):
-        self._node, self._group = node, group
+    def __init__(self, node, group, role='control'):
+        self._node, self._group, self.role = node, group, role
         self._executor = self._thread = self._wake = None
         self._stopping = False
         self.priority = 0
@@ -328,15 +328,15 @@ class ControlThread:
         self._wake = self._node.create_guard_condition(lambda: None, callback_group=self._group)
         self._executor = _GroupExecutor(self._node, self._group)
         self._thread = threading.Thread(target=self._spin, daemon=True,
-                                        name=f'{self._node.get_name()} control')
+                                        name=f'{self._node.get_name()} {self.role}')
         self._thread.start()
 
     def _spin(self):
         self._group.thread_id = threading.get_ident()
         log = self._node.get_logger()
         if self.priority:   # this thread only: on Linux, pid 0 is the calling thread
-            _sched_fifo(lambda: [0], self.priority, log, 'control thread',
-                        f'control thread: SCHED_FIFO priority {self.priority}')
+            _sched_fifo(lambda: [0], self.priority, log, f'{self.role} thread',
+                        f'{self.role} thread: SCHED_FIFO priority {self.priority}')
         while not self._stopping and self._node.context.ok():
             try:
                 self._executor.spin_once(timeout_sec=self.poll_s)
@@ -344,7 +344,7 @@ class ControlThread:
                 break
             except Exception as exc:  # noqa: B902 - the control thread must outlive a callback
                 if not wait_set_race(exc):
-                    log.error(f'control callback failed and was dropped: {exc!r}')
+                    log.error(f'{self.role} callback failed and was dropped: {exc!r}')
 
     def stop(self):
         """Ends the thread after the callback in progress, if any (never call it from the

@@ -2,10 +2,12 @@
 one sensor_msgs/Image or CompressedImage topic per camera of the checkpoint, the joint state
 and the instruction, assembled on the engine's device (runtime/camera_inputs.py).
 
-A frame is decoded, checked against the checkpoint's size and copied to the device as it
-arrives; the instruction is tokenized by the checkpoint's own pre-processor when it arrives
-(Pi0.5's prompt holds the state: its tokens are made anew at every step, from that step's
-state). A step takes the state from the joint state (by name, in joint_names order) and steps
+A frame is decoded, checked against the checkpoint's size and staged on the device as it
+arrives, on the node's camera thread and without the node's lock (stage: decoding a JPEG
+takes milliseconds, which the control thread does not wait for); it enters the observation
+between ticks, under the lock (on_image). The instruction is tokenized by the checkpoint's
+own pre-processor when it arrives (Pi0.5's prompt holds the state: its tokens are made anew
+at every step, from that step's state). A step takes the state from the joint state (by name, in joint_names order) and steps
 on the newest frame of each camera. What cannot be read is refused with a message that names
 it, and nothing of the observation changes.
 """
@@ -32,14 +34,28 @@ class CameraReadings:
         if cfg.instruction:         # (settings: only for a policy that takes one)
             self.instruction(cfg.instruction)
 
-    def on_image(self, s, key, msg, stamp):
-        """A camera's frame from session s's topic, into the observation on the device, or
-        refused (the frame before it kept)."""
+    def stage(self, key, msg):
+        """A camera's message decoded and staged on the device, off the lock (the camera
+        thread); None, or what refuses it (an exception, reported by on_image)."""
         try:
-            self.image(key, msg)
-        except InvalidObservation as exc:
-            self.report.refuse(f'{s.label}{key}: {exc}', key='image')
+            if key in self.setup.compressed:
+                pixels = compressed_pixels(bytes(msg.data), self.setup.cameras[key][1:])
+            else:
+                pixels = raw_pixels(msg.encoding, msg.height, msg.width, msg.step, msg.data)
+            self.observation.stage(key, pixels)
+        except Exception as exc:  # noqa: B902 - reported under the lock, as callbacks are
+            return exc
+        return None
+
+    def on_image(self, s, key, problem, stamp):
+        """The frame stage() made of session s's camera message into the observation (under
+        the lock), or refused (problem; the frame before it kept)."""
+        if isinstance(problem, InvalidObservation):
+            self.report.refuse(f'{s.label}{key}: {problem}', key='image')
             return
+        if problem is not None:
+            raise problem
+        self.observation.put_staged(key)
         s.store('camera:' + key, True, stamp)
 
     def on_instruction(self, s, text):
@@ -50,15 +66,6 @@ class CameraReadings:
             self.report.refuse(f'{s.label}{exc}', key='instruction')
             return
         self.log.info(f'{s.label}instruction: {text!r}')
-
-    def image(self, key, msg):
-        """A camera's message into the observation; InvalidObservation when it cannot be
-        read or has another size than the checkpoint's."""
-        if key in self.setup.compressed:
-            pixels = compressed_pixels(bytes(msg.data), self.setup.cameras[key][1:])
-        else:
-            pixels = raw_pixels(msg.encoding, msg.height, msg.width, msg.step, msg.data)
-        self.observation.put_image(key, pixels)
 
     def instruction(self, text):
         tokenize = self.setup.tokenize

@@ -111,6 +111,18 @@ class Report:
         self.last_safety_trip = label + detail
         self._event(_session_of_reason(label) if label else None, 'safety', 1, detail)
 
+    def determinism(self, engine):
+        """The engine's probe at construction (it replays its captured step(s) from one
+        state): a kernel that is not reproducible would make restores and replays diverge."""
+        verdict = engine.determinism
+        if verdict.get('deterministic') is False:
+            self.log.warning(
+                f'the policy step is NOT reproducible run to run on {engine.device}: '
+                f'{verdict}; restored capsules may not replay the original actions bit for bit')
+        elif verdict.get('probed'):
+            self.log.info(f'determinism probe: {verdict["replays"]} replays of '
+                          f'{verdict["graphs"]} step graph(s) identical')
+
     def callback_failed(self, what, exc):
         self.callback_failures += 1
         self._event(None, 'failed', 1, what)

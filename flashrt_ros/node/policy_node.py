@@ -9,8 +9,9 @@ the control thread. deactivate/cleanup/shutdown release them in reverse order.
 Threads: whatever executor spins the node runs the capsule services, parameter changes,
 lifecycle transitions and status; the control callback group (readings and control timers)
 runs only on the node's own control thread (executors.ControlThread), so a busy planner
-never queues the control tick behind its calls. One lock orders the two: a capsule operation
-or a transition never interleaves with a tick.
+never queues the control tick behind its calls; camera frames are decoded on a camera thread
+of the same kind. One lock orders them: a capsule operation or a transition never
+interleaves with a tick, nor a frame's entry into the observation.
 
 With `sessions` > 1 the node serves a fleet: one policy state per session, stepped together in
 one graph replay per tick, each session's topics under ~/<session name>/, and the capsule
@@ -83,8 +84,9 @@ class PolicyNode(LifecycleNode):
             self.parameter_handler.on_update(name, self._checkpoint_settings_changed)
         self.parameter_handler.on_update('instruction', self._instruction_changed)
         self._activations = 0
-        self._control_group = ControlGroup()
+        self._control_group, self._camera_group = ControlGroup(), ControlGroup()
         self._control = ControlThread(self, self._control_group)
+        self._cameras = ControlThread(self, self._camera_group, 'cameras')
         self._timers = []               # control timers (control group)
         self._status_timer = self.status_pub = self.diagnostics_pub = None
         self.capsule_services = CapsuleServices(
@@ -153,24 +155,12 @@ class PolicyNode(LifecycleNode):
         self.diagnostics_pub = self._publisher(DiagnosticArray, '/diagnostics', 10)
         guards += [SessionGuard(engine, i, settings, log, loop.state_replaced)
                    for i in range(engine.sessions)]
-        self._log_determinism(engine)
+        self.report.determinism(engine)
         self._resumed = any([g.resume(settings.node.restore_on_start) for g in guards])
         self.parameter_handler.settings = settings
         log.info(f'configured: {settings.node.policy_type} policy on {engine.device}, cuda '
                  f'graph {"captured" if engine.graph_captured else "off (eager)"}, state '
                  f'{engine.arena.storage.numel()} bytes, capsules in {engine.store.directory}')
-
-    def _log_determinism(self, engine):
-        # the engine replays its captured step(s) from one state at construction: a kernel
-        # that is not reproducible there would make restores and replays diverge
-        verdict = engine.determinism
-        if verdict.get('deterministic') is False:
-            self.get_logger().warning(
-                f'the policy step is NOT reproducible run to run on {engine.device}: '
-                f'{verdict}; restored capsules may not replay the original actions bit for bit')
-        elif verdict.get('probed'):
-            self.get_logger().info(f'determinism probe: {verdict["replays"]} replays of '
-                                   f'{verdict["graphs"]} step graph(s) identical')
 
     def on_activate(self, state):
         with self.lock:
@@ -178,13 +168,16 @@ class PolicyNode(LifecycleNode):
         cfg = self.parts.settings.node
         set_process_priority(cfg.process_priority, self.get_logger())
         self._control.start(cfg.control_priority)
+        if self.parts.loop.cameras is not None:
+            self._cameras.start()
         return super().on_activate(state)
 
     def _activate(self):
         parts, cfg = self.parts, self.parts.settings.node
         self._activations += 1          # callbacks of an earlier activation go quiet
         parts.robot.counter.reset()   # a gap spanning the inactive time lost nothing
-        parts.robot.subscribe(parts.loop, self._control_group, self._guarded)
+        parts.robot.subscribe(parts.loop, self._control_group, self._guarded,
+                              self._camera_group)
         parts.loop.state_replaced()
         if parts.settings.lockstep and len(parts.guards) > 1:
             self._timers.append(self.create_timer(
@@ -217,8 +210,12 @@ class PolicyNode(LifecycleNode):
                 self.get_logger().warning(f'{EPISODE_START!r} is kept in memory (reset_episode '
                                           f'uses it) but not on disk: {exc}')
 
+    def _stop_threads(self):            # first: a callback in progress may wait on the lock
+        self._control.stop()
+        self._cameras.stop()
+
     def on_deactivate(self, state):
-        self._control.stop()            # first: its callback in progress may wait on the lock
+        self._stop_threads()
         with self.lock:
             self.state = 'inactive'
             self._release_active()
@@ -234,7 +231,7 @@ class PolicyNode(LifecycleNode):
         return result
 
     def _tear_down(self, final_state):
-        self._control.stop()
+        self._stop_threads()
         with self.lock:
             self._release_active()
             self._release_configured()
@@ -242,7 +239,7 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.SUCCESS
 
     def destroy_node(self):
-        self._control.stop()
+        self._stop_threads()
         super().destroy_node()
 
     def _release_active(self):

@@ -12,6 +12,7 @@ Subscriptions are made in the control callback group (see control_loop.py), so r
 taken by the control thread and never wait behind services.
 """
 from dataclasses import dataclass, field
+from functools import partial
 import math
 import time
 
@@ -150,8 +151,9 @@ class RobotIO:
 
     # -- subscriptions ---------------------------------------------------------------------------
 
-    def subscribe(self, loop, group, guarded):
-        """Every session's input topics, each reading handed to `loop` (ControlLoop)."""
+    def subscribe(self, loop, group, guarded, camera_group=None):
+        """Every session's input topics, each reading handed to `loop` (ControlLoop); camera
+        frames are taken in camera_group (decoded there, off the control thread)."""
         cfg, layout = self.settings.node, self.settings.layout
         for s in self.sessions:
             p = s.prefix
@@ -165,7 +167,7 @@ class RobotIO:
                                 lambda msg, s=s: loop.on_joint_observation(s, msg))
                 continue
             if cfg.observation_type == 'cameras':
-                self._subscribe_cameras(loop, s, group, guarded)
+                self._subscribe_cameras(loop, s, group, guarded, camera_group or group)
                 continue
             if 'joint_state' in layout.needs:
                 self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
@@ -188,33 +190,35 @@ class RobotIO:
             self._subscribe(Float32MultiArray, '~/observations', group, guarded,
                             lambda msg: loop.on_farm_tick(_vector(msg)))
 
-    def _subscribe_cameras(self, loop, s, group, guarded):
+    def _subscribe_cameras(self, loop, s, group, guarded, camera_group):
         """A LeRobot checkpoint's cameras, the joint states and ~/instruction. A camera keeps
         its newest frame only (a step takes that one), best effort: it matches a driver's
         reliable and best-effort (sensor data) publishers alike, and a frame lost or replaced
-        before the node read it is no reading lost: the next one takes its place."""
+        before the node read it is no reading lost: the next one takes its place. A frame is
+        decoded and staged without the lock (camera_readings.py), then guarded."""
         setup = self.settings.cameras
         self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
                         lambda msg: self._joint_state(loop, s, msg))
         newest = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                             reliability=ReliabilityPolicy.BEST_EFFORT)
         for key, topic in setup.topics.items():
-            self._subscribe(CompressedImage if key in setup.compressed else Image, topic, group,
-                            guarded, lambda msg, key=key: loop.cameras.on_image(
-                                s, key, msg, stamp_of(msg)), newest, counted=False)
+            put = guarded(partial(loop.cameras.on_image, s, key), topic)
+            self._subs.append(self._create_sub(
+                CompressedImage if key in setup.compressed else Image, topic,
+                lambda msg, key=key, put=put: put(loop.cameras.stage(key, msg), stamp_of(msg)),
+                newest, callback_group=camera_group))
         self._subscribe(String, s.prefix + 'instruction', group, guarded,
                         lambda msg: loop.cameras.on_instruction(s, msg.data))
 
-    def _subscribe(self, msg_type, topic, group, guarded, callback, qos=None, counted=True):
+    def _subscribe(self, msg_type, topic, group, guarded, callback):
         def seen(msg, info):
-            if counted:
-                self.counter.saw(topic, info)
+            self.counter.saw(topic, info)
             callback(msg)
         run = guarded(seen, topic)
 
         def take(msg, info):    # two named parameters: rclpy then passes the message info
             run(msg, info)
-        self._subs.append(self._create_sub(msg_type, topic, take, qos or self.qos,
+        self._subs.append(self._create_sub(msg_type, topic, take, self.qos,
                                            callback_group=group))
 
     @staticmethod

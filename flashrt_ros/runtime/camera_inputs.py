@@ -13,6 +13,12 @@ correctly rounded): on CUDA a division by a host scalar is a multiplication by i
 tensor. Resizing and the images' normalisation stay where LeRobot puts them, in the model's
 own preprocessing inside the captured chunk; decoding a CompressedImage runs on the host
 (PIL: the same pixels on every device; nvJPEG's differ).
+
+A frame arrives in two parts, so that the slow one needs no lock: stage() converts it into a
+buffer of its camera's own, apart from the vector (the node's camera thread, while a tick may
+be stepping on the vector), and put_staged() then moves it into the vector in one copy (under
+the node's lock, between ticks). On CUDA both are queued on the default stream, as the ticks'
+graphs are: a step reads the vector as the last put left it, never half a frame.
 """
 import io
 
@@ -79,20 +85,34 @@ class CameraObservation:
         self._tokens = self.vector[at:]
         self._255 = torch.tensor(255.0, device=device)  # a device divisor: a true division
         self.has = set()            # the parts written so far: 'state', camera keys, 'tokens'
+        # each camera's staged frame: uint8 as it came, then float32 as the vector holds it
+        self._staged = {key: (torch.empty(h, w, c, dtype=torch.uint8, device=device),
+                              torch.empty(c, h, w, device=device))
+                        for key, (c, h, w) in self.cameras.items()}
 
-    def put_image(self, key, pixels):
-        """A camera's uint8 [H, W, 3] frame into its place: copied to the device as uint8 and
-        converted there. InvalidObservation (nothing written) for another size."""
-        slot = self._images[key]
-        if pixels.shape != (slot.shape[1], slot.shape[2], 3):
+    def stage(self, key, pixels):
+        """A camera's uint8 [H, W, 3] frame, copied to the device as uint8 and converted there
+        into the camera's staging buffer; the vector is not touched (put_staged). One thread
+        stages. InvalidObservation (nothing written) for another size."""
+        raw, floats = self._staged[key]
+        if pixels.shape != raw.shape:
             raise InvalidObservation(f'{pixels.shape[1]} x {pixels.shape[0]}, the checkpoint '
-                                     f'takes {slot.shape[2]} x {slot.shape[1]}')
+                                     f'takes {raw.shape[1]} x {raw.shape[0]}')
         if not pixels.flags.writeable:      # (PIL's, a message's bytes): torch warns
             pixels = pixels.copy()
-        frame = torch.from_numpy(np.ascontiguousarray(pixels)).to(slot.device)
-        slot.copy_(frame.permute(2, 0, 1))
-        slot.div_(self._255)
+        raw.copy_(torch.from_numpy(np.ascontiguousarray(pixels)))
+        floats.copy_(raw.permute(2, 0, 1))
+        floats.div_(self._255)
+
+    def put_staged(self, key):
+        """The camera's staged frame into its place in the vector (one copy)."""
+        self._images[key].copy_(self._staged[key][1])
         self.has.add(key)
+
+    def put_image(self, key, pixels):
+        """stage() then put_staged(), for one thread that does both."""
+        self.stage(key, pixels)
+        self.put_staged(key)
 
     def image(self, key):
         """The camera's image as the policy takes it, float32 [3, H, W] on the device."""

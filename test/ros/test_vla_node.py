@@ -263,6 +263,75 @@ def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, fold
         robot.destroy_node()
 
 
+def test_a_frame_being_decoded_holds_up_no_step(make, folder, monkeypatch):
+    """Frames are decoded on the node's camera thread, without its lock: while a
+    CompressedImage's decode is held (an Event here, around PIL's real decode: a slow JPEG),
+    joint states still step the node, on the frames it had, and the frame enters the
+    observation whole once decoded. Every action is the engine's on the frames the node had
+    at that step."""
+    import threading
+
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Header
+    import torch
+
+    from flashrt_ros.node import camera_readings
+    from support.common import publish_until, wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    topics = {k: f'/held_cam{i}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, _ = _camera_node(make, folder, topics, joint_names=joints,
+                                         instruction=TASKS[0])
+    entered, release, decode = threading.Event(), threading.Event(), \
+        camera_readings.compressed_pixels
+
+    def held(*args):
+        entered.set()
+        assert release.wait(60), 'the test never released the decode'
+        return decode(*args)
+    try:
+        readings, rng = h.node.parts.loop.cameras, np.random.default_rng(4)
+        wrist = list(CAMERAS)[1]        # the compressed one (_camera_node)
+        images = [{k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+                   for k, s in CAMERAS.items()} for _ in range(2)]
+        images[1] = {**images[0], wrist: images[1][wrist]}     # a new wrist frame only
+        floats = [{k: torch.from_numpy(im.transpose(2, 0, 1).astype(np.float32) / 255)
+                   for k, im in ims.items()} for ims in images]
+
+        def arrived(f):
+            return all(torch.equal(readings.observation.image(k), v) for k, v in f.items())
+        publish_until(lambda: [pub.publish(_image_msgs(image, key, 0)) for pub, (key, image)
+                               in zip(cams, images[0].items())], lambda: arrived(floats[0]),
+                      what='the first frames to reach the node')
+        frames, sent = [], 0
+
+        def step(on):
+            nonlocal sent
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            js.publish(JointState(name=joints, header=Header(stamp=Time(sec=sent + 1)),
+                                  position=[float(v) for v in state]))
+            sent += 1
+            h.client.wait_actions(sent)
+            frames.append({'observation.state': torch.from_numpy(state), 'task': TASKS[0],
+                           **floats[on]})
+        step(0)
+        monkeypatch.setattr(camera_readings, 'compressed_pixels', held)
+        publish_until(lambda: cams[1].publish(_image_msgs(images[1][wrist], wrist, 0)),
+                      entered.is_set, what='the wrist frame to be decoding')
+        for _ in range(2 * STEPS):      # two chunks while the decode is held
+            step(0)
+        assert not release.is_set() and arrived(floats[0])
+        release.set()
+        wait_for(lambda: arrived(floats[1]), what='the held frame to enter the observation')
+        step(1)
+        assert h.client.wait_actions(sent) == h.reference(vectors(folder, frames))
+    finally:
+        release.set()
+        robot.destroy_node()
+
+
 @pytest.mark.parametrize('wrong, named', [
     ({}, None),                                                     # the setup that works
     (dict(camera_topics=['observation.images.top=/cam0']), 'camera_topics'),    # one missing

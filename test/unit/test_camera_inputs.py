@@ -71,8 +71,8 @@ def test_what_cannot_be_read_is_refused(bad, words):
 def test_frames_convert_on_the_device_exactly_as_lerobots_datasets(device):
     """Every uint8 value, and random frames: the device's float32 equals the host's
     uint8 / 255 bit for bit (on CUDA a host scalar divisor would be a multiplication by its
-    reciprocal, off by one bit for some values). A frame of another size is refused and
-    leaves the last one in place."""
+    reciprocal, off by one bit for some values). A staged frame leaves the vector as it was
+    until it is put. A frame of another size is refused and leaves the last one in place."""
     rng = np.random.default_rng(1)
     obs = CameraObservation(4, CAMERAS, 3, device)
     every = np.arange(256, dtype=np.uint8).reshape(16, 16)
@@ -82,7 +82,12 @@ def test_frames_convert_on_the_device_exactly_as_lerobots_datasets(device):
         got = obs.image('observation.images.top').cpu().numpy()
         assert got.tobytes() == as_floats(frame).tobytes()
     wrist = _frame(rng, 32, 32)
-    obs.put_image('observation.images.wrist', wrist)
+    before = obs.vector.clone()
+    obs.stage('observation.images.wrist', wrist)    # the camera thread, while a step may run
+    assert torch.equal(obs.vector, before) and 'observation.images.wrist' not in obs.has
+    obs.put_staged('observation.images.wrist')      # between steps, under the node's lock
+    assert obs.image('observation.images.wrist').cpu().numpy().tobytes() == \
+        as_floats(wrist).tobytes()
     before = obs.vector.clone()
     with pytest.raises(InvalidObservation, match='the checkpoint takes 64 x 48'):
         obs.put_image('observation.images.top', _frame(rng, 64, 48))
