@@ -7,9 +7,9 @@ arrives, on the node's camera thread and without the node's lock (stage: decodin
 takes milliseconds, which the control thread does not wait for); it enters the observation
 between ticks, under the lock (on_image). The instruction is tokenized by the checkpoint's
 own pre-processor when it arrives (Pi0.5's prompt holds the state: its tokens are made anew
-at every step, from that step's state). A step takes the state from the joint state (by name, in joint_names order) and steps
-on the newest frame of each camera. What cannot be read is refused with a message that names
-it, and nothing of the observation changes.
+at every step, from that step's state). A step takes the state from the joint state (by
+name, in joint_names order) and steps on the newest frame of each camera. What cannot be
+read is refused with a message that names it, and nothing of the observation changes.
 """
 from flashrt_ros.runtime.camera_inputs import CameraObservation, compressed_pixels, raw_pixels
 from flashrt_ros.runtime.errors import InvalidObservation
