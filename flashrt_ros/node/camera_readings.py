@@ -19,16 +19,17 @@ from flashrt_ros.runtime.observation import ObservationLayout
 class CameraReadings:
     """One session's observation: setup (settings.CameraSetup), cfg (the NodeConfig:
     joint_names, the state's, and the instruction), device (the engine's), report
-    (diagnostics.Report: refusals) and log."""
+    (diagnostics.Report: refusals), log, and vector: its row of the fleet's device
+    observations (ControlLoop)."""
 
-    def __init__(self, setup, cfg, device, report, log):
+    def __init__(self, setup, cfg, device, report, log, vector=None):
         self.setup, self.report, self.log = setup, report, log
         # the state read by name as joint_state observations read it (settings: one joint_pos
         # term, unscaled): joints missing, named twice or not finite are refused there
         self._state = ObservationLayout([{'name': 'joint_pos', 'offset': [0.0]}],
                                         cfg.joint_names, [], len(cfg.joint_names))
         self.observation = CameraObservation(setup.state_dim, setup.cameras, setup.tokens,
-                                             device)
+                                             device, vector)
         self.text = None            # the instruction as given
         self._per_state = setup.tokenize is not None and setup.tokenize.state_in_prompt
         if cfg.instruction:         # (settings: only for a policy that takes one)
@@ -77,7 +78,7 @@ class CameraReadings:
 
     def assemble(self, joint_state):
         """The observation for a step on joint_state ((names, positions, velocities)): the
-        vector on the device, [1, obs_dim]; InvalidObservation, before anything is written,
+        vector on the device, [obs_dim]; InvalidObservation, before anything is written,
         when a joint is missing, named twice or not finite, or a camera or the instruction has
         not come."""
         state = self._state.assemble(0, joint_state=joint_state)
@@ -89,4 +90,4 @@ class CameraReadings:
         if self._per_state:
             self.observation.put_tokens(*self.setup.tokenize(self.text, state))
         self.observation.put_state(state)
-        return self.observation.vector.view(1, -1)
+        return self.observation.vector

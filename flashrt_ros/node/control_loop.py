@@ -12,7 +12,7 @@ How a tick is triggered depends on the observation type and control mode:
 - terms, cameras, timer (robot): control_rate ticks over the newest readings; stale or missing
   ones refuse that session's step.
 A cameras observation is assembled on the engine's device (camera_readings.py) and stepped
-there as it is.
+there as it is: each session's in its row of one device tensor.
 
 Everything here runs on the control thread (executors.ControlThread), under the node's lock
 that capsule services and transitions also take: a capsule operation never interleaves with
@@ -63,9 +63,11 @@ class ControlLoop:
         layout, cameras = settings.layout, settings.cameras
         self._timer_keys = sorted(layout.needs - {'raw'}) + [
             'raw:' + t.name for t in layout.terms if t.type == 'raw'] if settings.terms else []
-        self.cameras = None if cameras is None else CameraReadings(   # one session (settings)
-            cameras, settings.node, engine.device, report, log)
-        if cameras is not None:
+        self.cameras = None     # cameras: each session's CameraReadings, on its row of one
+        if cameras is not None:     # device tensor that a tick steps on at once
+            self._device_obs = torch.zeros(n, self.dim, device=engine.device)
+            self.cameras = [CameraReadings(cameras, settings.node, engine.device, report, log,
+                                           row) for row in self._device_obs]
             self._timer_keys = ['joint_state'] + ['camera:' + k for k in cameras.topics]
 
     # -- the tick ---------------------------------------------------------------------------------
@@ -86,8 +88,8 @@ class ControlLoop:
                 self.report.refuse(f'{s.label}the state was poisoned (NaN/Inf); call ~/recover, '
                                    '~/restore or ~/reset_episode (~/reset_session for one '
                                    'session)', level='error')
-            elif torch.is_tensor(row):  # assembled on the device (one session): checked there
-                obs, active[i] = row, True
+            elif torch.is_tensor(row):  # a row of _device_obs (cameras): checked there
+                obs, active[i] = self._device_obs, True
             elif row.shape != (self.dim,):
                 problem = f'observation has shape {row.shape}, expected ({self.dim},) ' \
                           f'(obs_dim {self.dim})'
@@ -220,10 +222,10 @@ class ControlLoop:
     def _tick_readings(self, sessions, tags):
         rows = {}
         for s in sessions:
-            get = s.inputs.get
+            get, i = s.inputs.get, s.index
             try:
                 if self.cameras is not None:
-                    rows[s.index] = self.cameras.assemble(get('joint_state', (None,))[0])
+                    rows[i] = self.cameras[i].assemble(get('joint_state', (None,))[0])
                     continue
                 raw = {t.name: get('raw:' + t.name, (None,))[0]
                        for t in self.settings.layout.terms if t.type == 'raw'}

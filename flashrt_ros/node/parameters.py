@@ -69,8 +69,8 @@ class NodeConfig:
     joint_names: list[str] = param([], 'robot joints in action order (joint_state and '
                                    'terms); cameras: the joints of the state, in its order')
     camera_topics: list[str] = param([], "cameras: one 'feature key=topic' per camera of the "
-                                     "checkpoint (e.g. 'observation.images.top=/camera/top/"
-                                     "image_raw'), each a sensor_msgs/Image")
+                                     "checkpoint ('observation.images.top=/camera/image_raw'),"
+                                     ' a sensor_msgs/Image; sessions > 1: relative, per robot')
     compressed_cameras: list[str] = param([], 'cameras: feature keys whose topic is a '
                                           'sensor_msgs/CompressedImage (JPEG, PNG)')
     instruction: str = param('', 'cameras, a language policy: the instruction, also while '

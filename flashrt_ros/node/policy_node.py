@@ -285,9 +285,10 @@ class PolicyNode(LifecycleNode):
                     self.report.callback_failed(what, exc)
         return guarded
 
-    def _instruction_changed(self, text):   # a cameras observation's, as on ~/instruction
-        if self.parts.loop.cameras is not None and text:
-            self.parts.loop.cameras.on_instruction(self.parts.loop.sessions[0], text)
+    def _instruction_changed(self, text):   # every session's, as on its ~/instruction
+        for s, readings in zip(self.parts.loop.sessions, self.parts.loop.cameras or ()):
+            if text:
+                readings.on_instruction(s, text)
 
     def _checkpoint_settings_changed(self, _):
         for guard in self.parts.guards:

@@ -196,19 +196,19 @@ class RobotIO:
         reliable and best-effort (sensor data) publishers alike, and a frame lost or replaced
         before the node read it is no reading lost: the next one takes its place. A frame is
         decoded and staged without the lock (camera_readings.py), then guarded."""
-        setup = self.settings.cameras
+        setup, readings = self.settings.cameras, loop.cameras[s.index]
         self._subscribe(JointState, s.robot + 'joint_states', group, guarded,
                         lambda msg: self._joint_state(loop, s, msg))
         newest = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                             reliability=ReliabilityPolicy.BEST_EFFORT)
         for key, topic in setup.topics.items():
-            put = guarded(partial(loop.cameras.on_image, s, key), topic)
+            put = guarded(partial(readings.on_image, s, key), s.robot + topic)
             self._subs.append(self._create_sub(
-                CompressedImage if key in setup.compressed else Image, topic,
-                lambda msg, key=key, put=put: put(loop.cameras.stage(key, msg), stamp_of(msg)),
+                CompressedImage if key in setup.compressed else Image, s.robot + topic,
+                lambda msg, key=key, put=put: put(readings.stage(key, msg), stamp_of(msg)),
                 newest, callback_group=camera_group))
         self._subscribe(String, s.prefix + 'instruction', group, guarded,
-                        lambda msg: loop.cameras.on_instruction(s, msg.data))
+                        lambda msg: readings.on_instruction(s, msg.data))
 
     def _subscribe(self, msg_type, topic, group, guarded, callback):
         def seen(msg, info):

@@ -144,7 +144,6 @@ def _camera_setup(cfg, policy):
           f'a LeRobot checkpoint\'s observation (policy_type {" / ".join(LEROBOT_KINDS)})')
     _need(bool(policy.policy_file), 'policy_file', policy.policy_file,
           'cameras: the checkpoint folder (its cameras, state and tokenizer)')
-    _need(cfg.sessions == 1, 'sessions', cfg.sessions, 'cameras: one session per node')
     from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs, \
         observation_size
     cameras, tokens, tokenize = checkpoint_inputs(policy.policy_file)
@@ -158,6 +157,10 @@ def _camera_setup(cfg, policy):
         except InvalidTopicNameException as exc:
             _need(False, 'camera_topics', cfg.camera_topics,
                   f'{topic!r} is not a ROS topic name ({str(exc).splitlines()[0]})')
+    # a fleet's robots each have their cameras, under the session's name as its joint states
+    _need(cfg.sessions == 1 or not any(t.startswith(('/', '~')) for t in topics.values()),
+          'camera_topics', cfg.camera_topics, 'sessions > 1: relative topics, each robot\'s '
+          'under its session name (<name>/<topic>)')
     _need(set(cfg.compressed_cameras) <= set(cameras), 'compressed_cameras',
           cfg.compressed_cameras, f'names cameras the checkpoint lacks: {list(cameras)}')
     _need(not cfg.instruction or tokens, 'instruction', cfg.instruction,

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .errors import InvalidObservation
+from .policies.lerobot_checkpoint import observation_size
 
 # sensor_msgs/Image encodings read: (channels, whether the channels are BGR)
 ENCODINGS = {'rgb8': (3, False), 'bgr8': (3, True), 'mono8': (1, False)}
@@ -71,12 +72,15 @@ class CameraObservation:
     """One session's observation vector [obs_dim] on `device`, in the layout of
     LeRobotChunkPolicy: state, each camera (cameras: {key: (3, H, W)} in the policy's order),
     the instruction's token ids and mask (tokens of each). Each part is written when it
-    arrives; `vector` is what the engine steps on."""
+    arrives; `vector` is what the engine steps on (given: a fleet's row of one device tensor,
+    [sessions, obs_dim], that the engine steps on at once)."""
 
-    def __init__(self, state_dim, cameras, tokens, device):
+    def __init__(self, state_dim, cameras, tokens, device, vector=None):
         self.cameras, self.tokens = dict(cameras), int(tokens)
-        size = state_dim + sum(c * h * w for c, h, w in self.cameras.values()) + 2 * tokens
-        self.vector = torch.zeros(size, dtype=torch.float32, device=device)
+        size = observation_size(state_dim, self.cameras, tokens)
+        self.vector = torch.zeros(size, dtype=torch.float32, device=device) \
+            if vector is None else vector
+        assert self.vector.shape == (size,), (self.vector.shape, size)
         self._state = self.vector[:state_dim]
         self._images, at = {}, state_dim
         for key, (c, h, w) in self.cameras.items():

@@ -142,7 +142,7 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
     h, robot, cams, js, say = _camera_node(make, folder, topics, joint_names=joints,
                                            instruction=TASKS[0])
     try:
-        readings = h.node.parts.loop.cameras
+        readings = h.node.parts.loop.cameras[0]
         rng = np.random.default_rng(5)
         frames, sent = [], 0
 
@@ -219,7 +219,7 @@ def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, fold
                                          instruction=TASKS[0], control_mode='timer',
                                          control_rate=20.0, max_input_age=0.5)
     try:
-        readings = h.node.parts.loop.cameras
+        readings = h.node.parts.loop.cameras[0]
         rng = np.random.default_rng(9)
         images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                   for k, s in CAMERAS.items()}
@@ -292,7 +292,7 @@ def test_a_frame_being_decoded_holds_up_no_step(make, folder, monkeypatch):
         assert release.wait(60), 'the test never released the decode'
         return decode(*args)
     try:
-        readings, rng = h.node.parts.loop.cameras, np.random.default_rng(4)
+        readings, rng = h.node.parts.loop.cameras[0], np.random.default_rng(4)
         wrist = list(CAMERAS)[1]        # the compressed one (_camera_node)
         images = [{k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                    for k, s in CAMERAS.items()} for _ in range(2)]
@@ -332,6 +332,75 @@ def test_a_frame_being_decoded_holds_up_no_step(make, folder, monkeypatch):
         robot.destroy_node()
 
 
+def test_a_fleet_of_robots_with_cameras(make, folder):
+    """sessions 2: each robot's cameras and joint states under its session name, its own
+    instruction on its ~/<name>/instruction, both sessions' observations assembled in one
+    device tensor and stepped together (lock-step); each session's actions are those of an
+    engine of its own on that robot's frames and instruction."""
+    import numpy as np
+    import rclpy
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import CompressedImage, Image, JointState
+    from std_msgs.msg import Header, String
+    import torch
+
+    from flashrt_ros.client import PolicyClient
+    from support.common import publish_until, wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints, names = [f'j{i}' for i in range(STATE_DIM)], ['left', 'right']
+    keys = list(CAMERAS)
+    topics = [f'{k}=camera{i}/image' for i, k in enumerate(keys)]
+    h = make(_params(folder, observation_type='cameras', camera_topics=topics,
+                     compressed_cameras=keys[1:], joint_names=joints, sessions=2,
+                     session_names=names), start=False)
+    h.transition('configure')
+    h.transition('activate')
+    node = rclpy.create_node(h.name + '_robots')
+    try:
+        pubs = {n: ([node.create_publisher(CompressedImage if i else Image,
+                                           f'/{n}/camera{i}/image', 10) for i in range(2)],
+                    node.create_publisher(JointState, f'/{n}/joint_states', 10),
+                    node.create_publisher(String, f'/{h.name}/{n}/instruction', 10))
+                for n in names}
+        clients = {n: PolicyClient(h.client_node, '/' + h.name, session=n) for n in names}
+        wait_for(lambda: all(p.get_subscription_count() for cams, js, say in pubs.values()
+                             for p in cams + [js, say]) and all(
+            s.action_pub.get_subscription_count() for s in h.node.parts.robot.sessions),
+            what='every robot\'s topics to match')
+        readings, rng = h.node.parts.loop.cameras, np.random.default_rng(11)
+        tasks = dict(zip(names, TASKS))
+        for n, (_, _, say) in pubs.items():
+            publish_until(lambda say=say, n=n: say.publish(String(data=tasks[n])),
+                          lambda i=names.index(n): readings[i].text == tasks[n],
+                          what='each robot\'s instruction')
+        frames = {n: [] for n in names}
+        for t in range(2 * STEPS + 1):
+            for i, n in enumerate(names):
+                cams, js, _ = pubs[n]
+                images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+                          for k, s in CAMERAS.items()}
+                floats = {k: torch.from_numpy(im.transpose(2, 0, 1).astype(np.float32) / 255)
+                          for k, im in images.items()}
+                publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (
+                    key, image) in zip(cams, images.items())], lambda: all(torch.equal(
+                        readings[i].observation.image(k), f) for k, f in floats.items()),
+                    what=f'{n}\'s frames to reach the node')
+                state = rng.standard_normal(STATE_DIM).astype(np.float32)
+                frames[n].append({'observation.state': torch.from_numpy(state),
+                                  'task': tasks[n], **floats})
+            for n in names:         # both joint states of the stamp: one tick steps both
+                pubs[n][1].publish(JointState(
+                    name=joints, header=Header(stamp=Time(sec=t + 1)),
+                    position=[float(v) for v in frames[n][-1]['observation.state']]))
+            for n in names:
+                clients[n].wait_actions(t + 1)
+        for n in names:
+            assert clients[n].wait_actions(2 * STEPS + 1) == h.reference(
+                vectors(folder, frames[n]), params=dict(sessions=1, session_names=[]))
+    finally:
+        node.destroy_node()
+
+
 @pytest.mark.parametrize('wrong, named', [
     ({}, None),                                                     # the setup that works
     (dict(camera_topics=['observation.images.top=/cam0']), 'camera_topics'),    # one missing
@@ -342,7 +411,8 @@ def test_a_frame_being_decoded_holds_up_no_step(make, folder, monkeypatch):
     (dict(compressed_cameras=['observation.images.elsewhere']), 'compressed_cameras'),
     (dict(joint_names=['j0']), 'joint_names'),
     (dict(policy_file=''), 'policy_file'),
-    (dict(policy_type='recurrent', policy_file=''), 'observation_type')])
+    (dict(policy_type='recurrent', policy_file=''), 'observation_type'),
+    (dict(sessions=2), 'camera_topics')])           # a fleet on one robot's cameras
 def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, wrong, named):
     from flashrt_ros.node.settings import load_settings
     from flashrt_ros.runtime.errors import InvalidConfig
@@ -526,7 +596,7 @@ def test_pi0_and_pi05_on_cameras(make, tmp_path_factory, kind):
             js = node.create_publisher(JointState, '/joint_states', 10)
             wait_for(lambda: cam.get_subscription_count() and js.get_subscription_count(),
                      what='the camera and joint state topics to match')
-            frame, stamps = h.node.parts.loop.cameras.observation.image(CAMERA), iter(
+            frame, stamps = h.node.parts.loop.cameras[0].observation.image(CAMERA), iter(
                 range(1, 10 ** 6))
 
             def drive(readings):

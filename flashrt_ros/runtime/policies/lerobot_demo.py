@@ -34,6 +34,10 @@ SIZES = {
 # three 224 x 224 cameras (resized to 512 x 512 by SmolVLA), 14-dim state and action
 SIZES['aloha'] = dict(SIZES['published'], dims=(14, 14), cameras={
     f'observation.images.{name}': (3, 224, 224) for name in ('top', 'left_wrist', 'right_wrist')})
+# 'cameras': the demo model with three 480 x 640 cameras, as a robot arm's drivers publish
+# them (benchmarks/camera_ticks.py: decoding their JPEG frames beside the control thread)
+SIZES['cameras'] = dict(SIZES['demo'], cameras={
+    f'observation.images.{name}': (3, 480, 640) for name in ('top', 'left_wrist', 'right_wrist')})
 # ACT: 'demo' for the tests; 'published': ACTConfig's defaults (ResNet-18, dim_model 512,
 # chunks of 100), one 480 x 480 camera and 14 dims, for benchmarks
 ACT_SIZES = {
