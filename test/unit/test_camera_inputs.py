@@ -2,7 +2,7 @@
 (runtime/camera_inputs.py): the pixels of each sensor_msgs encoding read, a frame's float
 values exactly LeRobot's datasets' (uint8 / 255 in float32) on the CPU and on CUDA, what
 cannot be read refused with nothing written, and a SmolVLA stepped on the device-assembled
-vector acting bit for bit as on the host-packed one.
+vector acting bit for bit as on the host-packed one, frames staged on another thread too.
 """
 import io
 
@@ -131,3 +131,59 @@ def test_a_smolvla_acts_on_the_device_vector_as_on_the_host_one(tmp_path, device
         a = engines[0].step(host)
         b = engines[1].step_all(obs.vector.view(1, -1))[0].cpu()
         assert a.numpy().tobytes() == b.numpy().tobytes()
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_frames_staged_while_steps_run_enter_whole_between_them(tmp_path, device):
+    """The node's two threads, on a SmolVLA (a captured chunk graph on CUDA): one stages
+    frames without the lock, as fast as it can, while the other steps under the lock; a
+    staged frame enters between steps (put_staged under the lock). Every step's actions are
+    those of a host-packed engine on the frames in place at that step, bit for bit: a step
+    never sees a frame being staged, nor half of one."""
+    pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
+                        reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
+    import threading
+
+    from flashrt_ros.runtime.engine import PolicyEngine
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy
+    from support.smolvla import checkpoint, STATE_DIM, TASKS, vlm_folder
+    folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
+    cameras, tokens, tokenize = checkpoint_inputs(folder)
+    engines = [PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, seed=3), device=device,
+                            capsule_dir=str(tmp_path / f'capsules{i}')) for i in range(2)]
+    obs = CameraObservation(STATE_DIM, cameras, tokens, engines[1].device)
+    ids, mask = tokenize(TASKS[0])
+    obs.put_tokens(ids, mask)
+    rng = np.random.default_rng(6)
+    pool = {k: [_frame(rng, s[1], s[2]) for _ in range(4)] for k, s in cameras.items()}
+    lock, done, placed, staged = threading.Lock(), threading.Event(), {}, [0]
+
+    def camera_thread(rng=np.random.default_rng(7)):     # a generator of its own
+        while not done.is_set():
+            for key, frames in pool.items():
+                n = int(rng.integers(len(frames)))
+                obs.stage(key, frames[n])           # no lock: a step may be running
+                with lock:
+                    obs.put_staged(key)
+                    placed[key] = n
+                staged[0] += 1
+    for key, frames in pool.items():
+        obs.put_image(key, frames[0])
+        placed[key] = 0
+    thread = threading.Thread(target=camera_thread, daemon=True)
+    thread.start()
+    try:
+        for _ in range(3 * engines[0].policy.steps):
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            with lock:
+                obs.put_state(state)
+                b = engines[1].step_all(obs.vector.view(1, -1))[0].cpu()
+                host = np.concatenate([state, *[as_floats(pool[k][placed[k]]).ravel()
+                                                for k in cameras], ids, mask])
+            a = engines[0].step(host)
+            assert a.numpy().tobytes() == b.numpy().tobytes()
+    finally:
+        done.set()
+        thread.join(30)
+    assert staged[0] > 3 * engines[0].policy.steps       # frames came during the steps
