@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from .environment import environment, results_stem, ROOT
+from .environment import device_slug, environment, results_stem, ROOT
 from .report import checks_and_command, environment_line, log, micros, Report
 from .timing import stats
 
@@ -58,6 +58,34 @@ def _decode_ms(jpegs, n=50):
         np.asarray(Image.open(io.BytesIO(jpegs[i % len(jpegs)])).convert('RGB'))
         took.append((time.perf_counter() - t) * 1e3)
     return float(np.median(took))
+
+
+def frame_costs(device, jpegs, n=200):
+    """Per 640 x 480 frame, whole calls (the device synchronised after each), us: what the
+    camera thread does off the lock (PIL's decode, CameraObservation.stage) and what a tick
+    waits for at most (put_staged, one copy under the lock), beside the old path's cost
+    under the lock (decode + put_image on the control thread)."""
+    import torch
+
+    from flashrt_ros.runtime.camera_inputs import CameraObservation, compressed_pixels
+    obs = CameraObservation(6, {'top': (3, 480, 640)}, 0, device)
+    sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
+    pixels = [compressed_pixels(j, (480, 640)) for j in jpegs]
+    ops = {'decode (PIL)': lambda i: compressed_pixels(jpegs[i % 3], (480, 640)),
+           'stage (to the device, converted)': lambda i: obs.stage('top', pixels[i % 3]),
+           'put_staged (under the lock)': lambda i: obs.put_staged('top'),
+           'decode + put_image (the old path, all under the lock)': lambda i: obs.put_image(
+               'top', compressed_pixels(jpegs[i % 3], (480, 640)))}
+    out = {}
+    for name, op in ops.items():
+        took = []
+        for i in range(n + 10):
+            t = time.perf_counter()
+            op(i)
+            sync()
+            took.append((time.perf_counter() - t) * 1e6)
+        out[name] = stats(took[10:])
+    return out
 
 
 def _publish_cameras(jpegs, fps, streaming, stop):
@@ -120,7 +148,7 @@ def _tick(js, actions, stamp, rng, timeout=30.0):
     return (actions.last - t) * 1e3 if actions.came.wait(timeout) else None
 
 
-def run(args, tmp):
+def run(args, tmp, jpegs):
     import rclpy
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float32MultiArray
@@ -131,7 +159,6 @@ def run(args, tmp):
     obs_dim = z['dims'][0] + sum(c * h * w for c, h, w in z['cameras'].values()) + \
         2 * z['policy']['tokenizer_max_length']
     chunk_every = z['policy']['n_action_steps']
-    jpegs = _jpegs()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(args.tree), os.environ.get('PYTHONPATH', '')]))
     log_path = tmp / 'node.log'
@@ -196,11 +223,8 @@ def run(args, tmp):
         node_proc.wait(20)
 
 
-def render(results):
-    env, r = results['environment'], results['sections']['ticks']
-    out = [f'# Control ticks while three cameras stream JPEG: {env["device_name"]}\n',
-           environment_line(env),
-           f'- node from {r["tree"]} (commit {r["tree_commit"]}); three 640 x 480 JPEG '
+def _render_ticks(r):
+    out = [f'- node from {r["tree"]} (commit {r["tree_commit"]}); three 640 x 480 JPEG '
            f'cameras ({min(r["jpeg_bytes"]) // 1000}-{max(r["jpeg_bytes"]) // 1000} kB a '
            f'frame, PIL decode {r["decode_ms"]:.2f} ms each here) at {r["fps"]:g} fps each '
            f'when streaming; joint state -> action through ROS, lock-step; {r["ticks"]} ticks '
@@ -213,6 +237,19 @@ def render(results):
                    f'{micros(q["p99"])} / {micros(q["max"])} | {micros(s["p50"])} / '
                    f'{micros(s["p99"])} / {micros(s["max"])} | {s["p50"] / q["p50"]:.2f} / '
                    f'{s["p99"] / q["p99"]:.2f} |')
+    return out
+
+
+def render(results):
+    env, sections = results['environment'], results['sections']
+    out = [f'# Camera frames and control ticks: {env["device_name"]}\n', environment_line(env)]
+    if 'ticks' in sections:
+        out += _render_ticks(sections['ticks'])
+    frames = sections.get('frames', {})
+    out += [f'\n## One 640 x 480 JPEG frame on {env["device"]}, whole calls\n',
+            '| part | p50 / p99 |', '| --- | --- |']
+    out += [f'| {name} | {micros(v["p50"])} / {micros(v["p99"])} |' for name, v in
+            frames.items()]
     out.append('\n(microseconds unless marked)')
     return '\n'.join(out + checks_and_command(results)) + '\n'
 
@@ -224,23 +261,32 @@ def main(argv=None):
     ap.add_argument('--blocks', type=int, default=4, help='blocks of each condition')
     ap.add_argument('--block-ticks', type=int, default=60)
     ap.add_argument('--spacing', type=float, default=0.02, help='s between ticks (mean)')
+    ap.add_argument('--frames-only', default='', metavar='DEVICE',
+                    help="only the per-frame costs, on DEVICE ('cpu', 'cuda'): no ROS")
+    ap.add_argument('--commit', default='', help='the commit measured (a copy, not a checkout)')
     ap.add_argument('--out', default='')
     args = ap.parse_args(argv)
     import torch
     tree = pathlib.Path(args.tree).resolve()
-    commit = subprocess.run(['git', '-C', str(tree), 'rev-parse', '--short', 'HEAD'],
-                            capture_output=True, text=True).stdout.strip()
-    env = environment(torch.device('cpu'), 'camera-ticks')     # the benchmark's own commit
-    stem = f'{datetime.date.today().isoformat()}-cpu-camera-ticks-{commit}'
+    commit = args.commit or subprocess.run(['git', '-C', str(tree), 'rev-parse', '--short',
+                                            'HEAD'], capture_output=True, text=True).stdout.strip()
+    device = torch.device(args.frames_only or 'cpu')
+    env = environment(device, 'camera-frames' if args.frames_only else 'camera-ticks',
+                      args.commit)
+    what = 'camera-frames' if args.frames_only else 'camera-ticks'
+    stem = f'{datetime.date.today().isoformat()}-{device_slug(env)}-{what}-{commit}'
     report = Report(results_stem(args.out, stem), env, vars(args), render_md=render)
     report.results['command'] = 'python -m benchmarks.camera_ticks ' + ' '.join(
         sys.argv[1:] if argv is None else argv)
-    with tempfile.TemporaryDirectory(prefix='frt-cam-') as tmp:
-        section = run(args, pathlib.Path(tmp))
-    section.update(tree=str(tree), tree_commit=commit, fps=args.fps)
-    report.results['checks'].append({'name': 'the node outlived the run',
-                                     'passed': section.pop('node_alive')})
-    report.publish('ticks', section)
+    jpegs = _jpegs()
+    report.publish('frames', frame_costs(device, jpegs))
+    if not args.frames_only:
+        with tempfile.TemporaryDirectory(prefix='frt-cam-') as tmp:
+            section = run(args, pathlib.Path(tmp), jpegs)
+        section.update(tree=str(tree), tree_commit=commit, fps=args.fps)
+        report.results['checks'].append({'name': 'the node outlived the run',
+                                         'passed': section.pop('node_alive')})
+        report.publish('ticks', section)
     log(render(report.results))
     return 0 if all(c['passed'] for c in report.results['checks']) else 1
 
