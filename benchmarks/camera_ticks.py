@@ -168,7 +168,8 @@ def run(args, tmp, jpegs):
         env=env, stdout=open(log_path, 'w'), stderr=subprocess.STDOUT)
     spawn = multiprocessing.get_context('spawn')
     streaming, stop = spawn.Event(), spawn.Event()
-    cameras = spawn.Process(target=_publish_cameras, args=(jpegs, args.fps, streaming, stop))
+    cameras = spawn.Process(target=_publish_cameras, args=(jpegs, args.fps, streaming, stop),
+                            daemon=True)     # never left behind by a failed run
     cameras.start()
     rclpy.init()
     node = rclpy.create_node('camera_ticks')

@@ -2,7 +2,8 @@
 LeRobot's own
 (its normaliser, predict_action_chunk with the same noise, its unnormaliser, select_action's
 queue) bit for bit, chunk after chunk; a capsule taken mid-chunk replays the same actions
-across the next chunk, 8 times and in a fresh process. The model is LeRobot's PI0Policy at
+across the next chunk, 8 times and in a fresh process; with denoise_kernels 'compiled' within
+rounding of LeRobot's and exact every time. The model is LeRobot's PI0Policy at
 reduced sizes (support/pi0.py). Pi0 needs LeRobot >= 0.6 (Python >= 3.12): CI's Python 3.11
 has LeRobot 0.4.4, so these run under tools/test_lerobot06.sh and on the GPU machine.
 """
@@ -87,6 +88,41 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_pat
         f'e = _engine(pi0(kind={model[0].config.type!r}), {device!r}, '
         f'pathlib.Path({str(tmp_path)!r}))', later, tmp_path)
     assert torch.equal(fresh, want.cpu())
+
+
+def _compiled(kind, device, tmp_path):
+    """An engine of a model of its own (the compile replaces the model's denoise_step)."""
+    policy, stats = pi0(kind=kind)
+    return PolicyEngine(CLASSES[kind](policy, stats=stats, seed=SEED,
+                                      denoise_kernels='compiled'),
+                        device=device, capsule_dir=str(tmp_path / 'capsules'))
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
+        model, tmp_path, device):
+    """denoise_kernels 'compiled' (lerobot_prefix.py), as the H200 benchmark runs it: the
+    actions within 1e-4 of LeRobot's kernels (random weights at these sizes, actions O(1)),
+    the kept prefix LeRobot's bit for bit (the prefix pass is not compiled), a capsule
+    mid-chunk replayed 8 times, and a fresh process that compiles again: the same bits."""
+    kind = model[0].config.type
+    lerobot, compiled = _engine(model, device, tmp_path), _compiled(kind, device, tmp_path)
+    assert compiled.policy.config()['denoise_kernels'] == 'compiled'
+    obs = [vector(f) for f in frames(2 * STEPS + 3, lerobot.policy.vocabulary, seed=2)]
+    want = torch.stack([lerobot.step(o) for o in obs]).cpu()
+    got = torch.stack([compiled.step(o) for o in obs]).cpu()
+    worst = float((got.double() - want.double()).abs().max())
+    assert worst <= 1e-4, worst
+    for name in ('prefix_k', 'prefix_v', 'prefix_pad'):
+        assert torch.equal(compiled.policy.views[name], lerobot.policy.views[name]), name
+    compiled.reset_episode()
+    later = obs[STEPS + 1:]
+    again = check_a_capsule_replays(compiled, obs[:STEPS + 1], later)
+    fresh = steps_in_a_fresh_process(
+        compiled, 'mid', 'from test_lerobot_pi0 import _compiled\n'
+        f'e = _compiled({kind!r}, {device!r}, pathlib.Path({str(tmp_path)!r}))', later,
+        tmp_path)
+    assert torch.equal(fresh, again.cpu())
 
 
 @pytest.mark.parametrize('device', DEVICES)
