@@ -1,6 +1,7 @@
 """Probe: SmolVLA's chunk graph with parts of LeRobot's model compiled by torch.compile
-(inductor's fused kernels), against the same graph on LeRobot's own kernels: replay time,
-distance of the chunk, and whether replays stay bit-identical.
+(inductor's fused kernels) or its action expert cast to bfloat16, against the same graph on
+LeRobot's own kernels: replay time, distance of the chunk, and whether replays stay
+bit-identical.
 
     python -m benchmarks.vla_compile --device cuda [--size published]
 """
@@ -15,13 +16,20 @@ from benchmarks.vla_profile import _replay_ms
 
 
 def _compile(model, parts, mode):
+    """parts of LeRobot's model compiled (inductor's deterministic mode, as the node ships
+    it; --mode: another), or 'expert': the action expert cast to bfloat16 (LeRobot casts
+    each layer's input to its weights' dtype)."""
     vwe = model.vlm_with_expert
+    compiled = (lambda fn: torch.compile(fn, mode=mode, dynamic=False)) if mode else (
+        lambda fn: torch.compile(fn, dynamic=False, options={'deterministic': True}))
+    if 'expert' in parts:
+        vwe.lm_expert.to(torch.bfloat16)
     if 'denoise' in parts:
-        model.denoise_step = torch.compile(model.denoise_step, mode=mode, dynamic=False)
+        model.denoise_step = compiled(model.denoise_step)
     if 'forward' in parts:
-        vwe.forward = torch.compile(vwe.forward, mode=mode, dynamic=False)
+        vwe.forward = compiled(vwe.forward)
     if 'image' in parts:
-        vwe.embed_image = torch.compile(vwe.embed_image, mode=mode, dynamic=False)
+        vwe.embed_image = compiled(vwe.embed_image)
 
 
 def main():
