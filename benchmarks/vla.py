@@ -44,11 +44,12 @@ def _frames(count, state_dim, cameras, task):
              **({'task': task} if task else {})} for _ in range(count)]
 
 
-def _models(kind, size, device, tmp, vlm_dtype, kernels='lerobot'):
-    """LeRobot's policy, its pre- and post-processor (the device LeRobot runs on) and the
-    engine's policy, from one demo checkpoint folder. vlm_dtype: SmolVLA's VLM cast to it in
-    both (what LeRobot's load_vlm_weights=True does with a published checkpoint: bfloat16);
-    kernels: the engine's SmolVLA denoise_kernels."""
+def _models(kind, size, device, tmp, vlm_dtype, kernels='lerobot', expert='float32'):
+    """LeRobot's policy, its pre- and post-processor (the device LeRobot runs on), the
+    engine's policy, from one demo checkpoint folder, and LeRobot's own policy where the
+    first is cast (else None). vlm_dtype: SmolVLA's VLM cast to it in all (what LeRobot's
+    load_vlm_weights=True does with a published checkpoint: bfloat16); kernels, expert: the
+    engine's SmolVLA denoise_kernels and expert_dtype (LeRobot's cast the same way)."""
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.processor import NormalizerProcessorStep
 
@@ -68,25 +69,30 @@ def _models(kind, size, device, tmp, vlm_dtype, kernels='lerobot'):
         from lerobot.policies.act.modeling_act import ACTPolicy as LeRobot
         folder = demo.act_checkpoint(f'{tmp}/checkpoint', size=size)
         ours = ACTChunkPolicy
-    reference, mine = (LeRobot.from_pretrained(folder).to(device).eval() for _ in range(2))
-    for model in (reference, mine) if kind == 'smolvla' else ():
+    reference, mine, own = (LeRobot.from_pretrained(folder).to(device).eval()
+                            if i < 2 or expert != 'float32' else None for i in range(3))
+    for model in (m for m in (reference, mine, own) if m) if kind == 'smolvla' else ():
         model.model.vlm_with_expert.vlm.to(vlm_dtype)
+    if expert != 'float32':
+        from flashrt_ros.runtime.policies.lerobot_smolvla import expert_in_bfloat16
+        expert_in_bfloat16(reference)
     pre, post = make_pre_post_processors(reference.config, folder,
                                          preprocessor_overrides={'device_processor': {
                                              'device': str(device)}})
     stats = [s.stats for s in pre.steps if isinstance(s, NormalizerProcessorStep)][0]
-    options = {'denoise_kernels': kernels} if kind == 'smolvla' else {}
-    return reference, pre, post, ours(mine, stats=stats, seed=5, **options).to(device)
+    options = {'denoise_kernels': kernels, 'expert_dtype': expert} if kind == 'smolvla' else {}
+    return reference, pre, post, ours(mine, stats=stats, seed=5, **options).to(device), own
 
 
-def run(device, kind, size, cfg, tmp, checks, vlm_dtype, kernels='lerobot'):
+def run(device, kind, size, cfg, tmp, checks, vlm_dtype, kernels='lerobot', expert='float32'):
     from flashrt_ros.runtime.engine import PolicyEngine
     from flashrt_ros.runtime.policies import gaussian_noise
-    reference, pre, post, policy = _models(kind, size, device, tmp, vlm_dtype, kernels)
+    reference, pre, post, policy, own = _models(kind, size, device, tmp, vlm_dtype, kernels,
+                                                expert)
     engine = PolicyEngine(policy, device=device, capsule_dir=f'{tmp}/capsules')
     steps, cfgl, name = policy.steps, reference.config, f'{kind} {size}'
     if kind == 'smolvla':
-        name += f', {kernels} kernels'
+        name += f', {kernels} kernels, {expert} expert'
     frames = _frames(steps, policy.state_dim, policy.cameras,
                      'pick up the red cube' if policy.tokens else None)
     batches = [pre(dict(f)) for f in frames]
@@ -110,12 +116,24 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype, kernels='lerobot'):
     got = [engine.step(o.numpy()).cpu() for o in obs]
     worst = max(float((a.double() - b.double()).abs().max()) for a, b in zip(got, want))
     if kernels == 'lerobot':
-        check(checks, f'{name}: the engine equals LeRobot\'s pipeline bit for bit ({steps} '
-              f'steps; max |diff| {worst:.3g})', all(torch.equal(a, b) for a, b in zip(got, want)))
-    else:   # other kernels: LeRobot's within rounding (the bound of test_lerobot_compiled.py)
+        cast = '' if own is None else ' (its expert cast the same way)'
+        check(checks, f'{name}: the engine equals LeRobot\'s pipeline{cast} bit for bit '
+              f'({steps} steps; max |diff| {worst:.3g})',
+              all(torch.equal(a, b) for a, b in zip(got, want)))
+    elif expert == 'float32':   # LeRobot's within rounding (test_lerobot_compiled.py's bound)
         scale = max(float(b.abs().max()) for b in want)
         check(checks, f'{name}: the engine is within 1e-4 of LeRobot\'s pipeline ({steps} '
               f'steps; max |diff| {worst:.3g}, actions up to {scale:.3g})', worst <= 1e-4)
+    if own is not None:     # the cast's distance to LeRobot's own (a float32 expert)
+        seeded()
+        theirs = [post(own.select_action(dict(b), **(noise if t == 0 else {})))[0].cpu()
+                  for t, b in enumerate(batches)]
+        off = max(float((a.double() - b.double()).abs().max()) for a, b in zip(got, theirs))
+        scale = max(float(b.abs().max()) for b in theirs)
+        check(checks, f'{name}: the engine is within 1 % of the actions\' scale of LeRobot\'s '
+              f'own pipeline, float32 expert ({steps} steps; max |diff| {off:.3g}, actions up '
+              f'to {scale:.3g})', off <= 0.01 * scale)
+        del own
     engine.snapshot('mid')      # after a whole chunk: the next step computes one
     engine.restore('mid')
     engine.step(obs[0].numpy())
@@ -233,6 +251,8 @@ def main(argv=None):
     ap.add_argument('--vlm-dtype', default='float32', choices=('float32', 'bfloat16'))
     ap.add_argument('--denoise-kernels', default='lerobot',
                     help="SmolVLA: comma list of 'lerobot', 'compiled' (a row each)")
+    ap.add_argument('--expert-dtype', default='float32',
+                    help="SmolVLA: comma list of 'float32', 'bfloat16' (a row each)")
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
     ap.add_argument('--iters', type=int, default=0, help='timed iterations (0: the mode\'s)')
@@ -250,13 +270,15 @@ def main(argv=None):
         for size in args.sizes.split(','):
             if kind != 'smolvla' and size == 'aloha':
                 continue
-            for kernels in args.denoise_kernels.split(',') if kind == 'smolvla' else ['lerobot']:
+            variants = [(k, e) for k in args.denoise_kernels.split(',')
+                        for e in args.expert_dtype.split(',')]
+            for kernels, expert in variants if kind == 'smolvla' else [('lerobot', 'float32')]:
                 with tempfile.TemporaryDirectory(prefix='frt-vla-') as tmp:
                     report.results['sections']['rows'].append(
                         run(device, kind, size, cfg, tmp, report.results['checks'],
-                            getattr(torch, args.vlm_dtype), kernels))
+                            getattr(torch, args.vlm_dtype), kernels, expert))
                 report.write()
-                log(f'  {kind} {size} {kernels} done')
+                log(f'  {kind} {size} {kernels} {expert} done')
     log(render(report.results))
     return 1 if any(not c['passed'] for c in report.results['checks']) else 0
 

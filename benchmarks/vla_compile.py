@@ -41,7 +41,7 @@ def main():
     args = ap.parse_args()
     dev = torch.device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
-        _, _, _, policy = vla._models('smolvla', args.size, dev, tmp, torch.bfloat16)
+        _, _, _, policy, _ = vla._models('smolvla', args.size, dev, tmp, torch.bfloat16)
         policy.capture(True)
         torch.manual_seed(0)
         obs = torch.rand_like(policy._chunk_obs)

@@ -39,7 +39,7 @@ def _kernels(fn, rows=14):
 def smolvla(device):
     for dtype in (torch.float32, torch.bfloat16):
         with tempfile.TemporaryDirectory() as tmp:
-            _, _, _, policy = vla._models('smolvla', 'published', device, tmp, dtype)
+            _, _, _, policy, _ = vla._models('smolvla', 'published', device, tmp, dtype)
             policy.capture(True)
             policy._chunk_obs.uniform_()
             print('smolvla', dtype, 'graph replay ms', _replay_ms(policy._chunk_graph))

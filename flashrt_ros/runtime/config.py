@@ -136,8 +136,8 @@ class DiffusionConfig(ACTConfig):
 
 
 @dataclass
-class SmolVLAConfig(LeRobotConfig):
-    '''A LeRobot SmolVLA checkpoint folder (policy_file; policies/lerobot_chunk.py): obs_dim
+class FlowMatchingConfig(LeRobotConfig):
+    '''What the flow-matching VLAs' checkpoint folders (SmolVLA, Pi0, Pi0.5) share: obs_dim
     and act_dim must be the checkpoint's (state, each camera's 3 x H x W, the instruction's
     token ids and mask; its action size). rtc_*: real-time chunking (policies/lerobot_rtc.py).'''
 
@@ -168,7 +168,17 @@ class SmolVLAConfig(LeRobotConfig):
 
 
 @dataclass
-class Pi0Config(SmolVLAConfig):
+class SmolVLAConfig(FlowMatchingConfig):
+    '''A LeRobot SmolVLA checkpoint folder (policy_file; policies/lerobot_chunk.py).'''
+
+    expert_dtype: str = param(
+        'float32', "smolvla: the action expert's dtype. float32: LeRobot's (its actions bit "
+        'for bit); bfloat16: faster denoising steps (tensor cores), actions off LeRobot\'s '
+        'by rounding (the README measures how far)', choices=('float32', 'bfloat16'))
+
+
+@dataclass
+class Pi0Config(FlowMatchingConfig):
     '''A LeRobot (>= 0.6) Pi0 checkpoint folder (policy_file): obs_dim and act_dim as
     SmolVLA's.'''
 

@@ -334,3 +334,49 @@ def test_diffusion_equals_lerobots_pipeline_and_a_capsule_replays(tmp_path, devi
                          device=device, capsule_dir=str(tmp_path / 'other'))
     assert not torch.equal(torch.stack([other.step(o) for o in obs[:steps]]).cpu(),
                            torch.stack(got[:steps]).cpu())
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_bfloat16_expert_is_opt_in_and_lerobots_with_the_same_cast(folders, tmp_path, device):
+    """expert_dtype bfloat16: the actions are those of LeRobot's pipeline with its action
+    expert cast the same way (expert_in_bfloat16), bit for bit, and not those of LeRobot's own
+    (a float32 expert), so it is never the default; the prefix is the float32 expert's, bit
+    for bit (the prefix pass does not use the expert); a capsule mid-chunk replays 8 times; a
+    capsule of the other dtype, another dtype and real-time chunking are refused."""
+    from flashrt_ros.runtime.errors import IncompatibleCapsule
+    from flashrt_ros.runtime.policies.lerobot_smolvla import expert_in_bfloat16
+    _, folder = folders
+    engine = PolicyEngine(SmolVLAChunkPolicy.from_pretrained(
+        folder, seed=SEED, expert_dtype='bfloat16'), device=device,
+        capsule_dir=str(tmp_path / 'capsules'))
+    plain = _engine(folder, tmp_path, device)
+    assert engine.policy.config()['expert_dtype'] == 'bfloat16'
+    batch = frames(2 * STEPS + 3, seed=8)
+    obs = vectors(folder, batch)
+    got = [engine.step(o).cpu() for o in obs]
+    float32 = [plain.step(o).cpu() for o in obs]
+    for name in ('prefix_k', 'prefix_v', 'prefix_pad'):
+        assert torch.equal(engine.policy.views[name], plain.policy.views[name]), name
+    cast = SmolVLAPolicy.from_pretrained(folder).eval().to(device)
+    expert_in_bfloat16(cast)
+    pre, post = pipeline(folder)
+    want = [post(cast.select_action(_on(device, pre(dict(frame))), noise=gaussian_noise(
+        torch.tensor([SEED], device=device), torch.tensor([t // STEPS], device=device),
+        CHUNK * 16).view(1, CHUNK, 16)))[0].cpu() for t, frame in enumerate(batch)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    worst = max(float((g - f).abs().max()) for g, f in zip(got, float32))
+    assert 0 < worst < 0.1, worst       # bfloat16's rounding (actions O(1) here)
+    engine.reset_episode()
+    check_a_capsule_replays(engine, obs[:STEPS + 2], obs[STEPS + 2:])
+    plain.snapshot('f32')
+    path = str(tmp_path / 'capsules' / 'f32.capsule')
+    plain.save('f32', path)
+    with pytest.raises(IncompatibleCapsule):
+        engine.load(path, 'f32')
+    model = SmolVLAPolicy.from_pretrained(folder)
+    for wrong, match in ((dict(expert_dtype='float16'), "expert_dtype 'float16'"),
+                         (dict(expert_dtype='bfloat16', rtc_delay=2, rtc_queue_threshold=3),
+                          'real-time chunking')):
+        with pytest.raises(InvalidConfig, match=match):
+            SmolVLAChunkPolicy(model, stats={}, **wrong)
+    assert model.model.vlm_with_expert.lm_expert.dtype == torch.float32     # not cast
