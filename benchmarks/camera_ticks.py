@@ -217,6 +217,8 @@ def run(args, tmp, jpegs):
     finally:
         stop.set()
         cameras.join(10)
+        if cameras.is_alive():      # (seen once: stuck in rclpy's shutdown)
+            cameras.kill()
         spinner.shutdown()
         node.destroy_node()
         rclpy.shutdown()

@@ -242,7 +242,8 @@ def test_checkpoint_settings_set_on_an_active_fleet_act_on_every_session(make):
 
 @pytest.mark.parametrize('kind, name, value, taker', [
     ('act', 'rtc_delay', 2, 'pi05'), ('recurrent', 'rtc_queue_threshold', 5, 'pi05'),
-    ('smolvla', 'vision_dtype', 'bfloat16', 'pi05'), ('act', 'denoise_kernels', 'compiled', 'pi05'),
+    ('smolvla', 'vision_dtype', 'bfloat16', 'pi05'),
+    ('act', 'denoise_kernels', 'compiled', 'pi05'),
     ('pi05', 'expert_dtype', 'bfloat16', 'smolvla')])
 def test_a_checkpoint_option_for_a_kind_without_it_is_refused(kind, name, value, taker):
     """Real-time chunking, vision_dtype, denoise_kernels or expert_dtype set for a kind that
