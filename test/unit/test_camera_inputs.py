@@ -101,11 +101,10 @@ def test_frames_convert_on_the_device_exactly_as_lerobots_datasets(device):
     assert obs.vector.cpu().numpy().tobytes() == host.tobytes()
 
 
-@pytest.mark.parametrize('device', DEVICES)
-def test_a_smolvla_acts_on_the_device_vector_as_on_the_host_one(tmp_path, device):
-    """Two engines of one SmolVLA checkpoint (a captured chunk graph on CUDA): one fed the
-    host-packed vectors, the other the CameraObservation's device vector filled from the
-    same uint8 frames; their actions are identical over three chunks."""
+def _two_engines(tmp_path, device):
+    """(the checkpoint's cameras, two engines of one SmolVLA demo checkpoint, a
+    CameraObservation on the second's device holding the instruction's tokens, the token ids,
+    the mask); skips without lerobot."""
     pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
                         reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
     from flashrt_ros.runtime.engine import PolicyEngine
@@ -119,6 +118,16 @@ def test_a_smolvla_acts_on_the_device_vector_as_on_the_host_one(tmp_path, device
     obs = CameraObservation(STATE_DIM, cameras, tokens, engines[1].device)
     ids, mask = tokenize(TASKS[0])
     obs.put_tokens(ids, mask)
+    return cameras, engines, obs, ids, mask
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_smolvla_acts_on_the_device_vector_as_on_the_host_one(tmp_path, device):
+    """Two engines of one SmolVLA checkpoint (a captured chunk graph on CUDA): one fed the
+    host-packed vectors, the other the CameraObservation's device vector filled from the
+    same uint8 frames; their actions are identical over three chunks."""
+    cameras, engines, obs, ids, mask = _two_engines(tmp_path, device)
+    from support.smolvla import STATE_DIM
     rng = np.random.default_rng(2)
     for _ in range(3 * engines[0].policy.steps):
         state = rng.standard_normal(STATE_DIM).astype(np.float32)
@@ -140,21 +149,10 @@ def test_frames_staged_while_steps_run_enter_whole_between_them(tmp_path, device
     staged frame enters between steps (put_staged under the lock). Every step's actions are
     those of a host-packed engine on the frames in place at that step, bit for bit: a step
     never sees a frame being staged, nor half of one."""
-    pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
-                        reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
     import threading
 
-    from flashrt_ros.runtime.engine import PolicyEngine
-    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
-    from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy
-    from support.smolvla import checkpoint, STATE_DIM, TASKS, vlm_folder
-    folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
-    cameras, tokens, tokenize = checkpoint_inputs(folder)
-    engines = [PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, seed=3), device=device,
-                            capsule_dir=str(tmp_path / f'capsules{i}')) for i in range(2)]
-    obs = CameraObservation(STATE_DIM, cameras, tokens, engines[1].device)
-    ids, mask = tokenize(TASKS[0])
-    obs.put_tokens(ids, mask)
+    cameras, engines, obs, ids, mask = _two_engines(tmp_path, device)
+    from support.smolvla import STATE_DIM
     rng = np.random.default_rng(6)
     pool = {k: [_frame(rng, s[1], s[2]) for _ in range(4)] for k, s in cameras.items()}
     lock, done, placed, staged = threading.Lock(), threading.Event(), {}, [0]
