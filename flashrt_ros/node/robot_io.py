@@ -9,7 +9,8 @@ input/<term>, instruction, the command outputs); a cameras observation's camera 
 the ones camera_topics names. Session i of a fleet has its own under '<name>/' and
 '~/<name>/' (one robot's messages stay standard messages in its own namespace).
 Subscriptions are made in the control callback group (see control_loop.py), so readings are
-taken by the control thread and never wait behind services.
+taken by the control thread and never wait behind services; camera frames in the camera
+group, so that their decoding never delays a tick (camera_readings.py).
 """
 from dataclasses import dataclass, field
 from functools import partial
