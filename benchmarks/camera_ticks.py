@@ -124,28 +124,37 @@ def _params_file(folder, obs_dim, act_dim, path):
 
 
 class _Actions:
-    """The node's ~/action messages as they arrive: their count and the last one's time."""
+    """The node's ~/action messages as they arrive: each one's arrival time."""
 
     def __init__(self):
-        self.count, self.last, self.came = 0, 0.0, threading.Event()
+        self.times, self._came = [], threading.Condition()
 
     def __call__(self, _msg):
-        self.last = time.perf_counter()
-        self.count += 1
-        self.came.set()
+        with self._came:
+            self.times.append(time.perf_counter())
+            self._came.notify_all()
+
+    def wait(self, count, timeout):
+        """The count-th action's arrival time, or None if it has not come within timeout."""
+        with self._came:
+            if self._came.wait_for(lambda: len(self.times) >= count, timeout):
+                return self.times[count - 1]
+        return None
 
 
 def _tick(js, actions, stamp, rng, timeout=30.0):
-    """One joint state out; ms until its action came back, or None (refused: no action)."""
+    """One joint state out; ms until the action answering it came back (lock-step: the next
+    one after those already come), or None (refused: no action within timeout)."""
     from builtin_interfaces.msg import Time
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Header
     msg = JointState(name=JOINTS, header=Header(stamp=Time(sec=stamp)),
                      position=rng.standard_normal(len(JOINTS)).tolist())
-    actions.came.clear()
+    count = len(actions.times) + 1
     t = time.perf_counter()
     js.publish(msg)
-    return (actions.last - t) * 1e3 if actions.came.wait(timeout) else None
+    came = actions.wait(count, timeout)
+    return None if came is None else (came - t) * 1e3
 
 
 def run(args, tmp, jpegs):
@@ -192,6 +201,7 @@ def run(args, tmp, jpegs):
             stamp += 1
             if time.monotonic() > deadline:
                 raise RuntimeError(f'no first action: {log_path.read_text()[-2000:]}')
+        time.sleep(2.0)     # a step refused meanwhile answers nothing; a late one lands now
         ticks = []
         for block in range(2 * args.blocks + 1):    # block 0: warm-up, not counted
             condition = ('streaming', 'quiet')[block % 2]
@@ -199,7 +209,7 @@ def run(args, tmp, jpegs):
             time.sleep(0.3)
             for _ in range(args.block_ticks):
                 stamp += 1
-                index = actions.count       # the node's tick index: a chunk every n-th
+                index = len(actions.times)  # the node's tick index: a chunk every n-th
                 ms = _tick(js, actions, stamp, rng)
                 if ms is None:
                     raise RuntimeError(f'no action for stamp {stamp}: '

@@ -1,7 +1,7 @@
-"""benchmarks/vla.py and vla_inputs.py --smoke: runs, writes its report, and its identity checks
-hold (the engine equals LeRobot's pipeline; a restore replays the same actions; a restarted
-episode with its first prefix kept gives the same first action without the prefix pass; the
-device-assembled observation acts as the host-packed one)."""
+"""benchmarks/vla.py and vla_inputs.py --smoke, camera_ticks.py short: each runs, writes its
+report, and its identity checks hold (the engine equals LeRobot's pipeline; a restore replays
+the same actions; a restarted episode with its first prefix kept gives the same first action
+without the prefix pass; the device-assembled observation acts as the host-packed one)."""
 import json
 import pathlib
 import subprocess
@@ -49,3 +49,23 @@ def test_vla_inputs_benchmark_smoke_run(tmp_path):
             assert row[path]['pop']['p50'] > 0 and row[path]['chunk']['p50'] > 0, path
         assert row['observation_mb'] > 3.9 * row['frames_mb']      # float32 vs uint8 pixels
     assert [c['passed'] for c in data['checks']] == [True, True]
+
+
+def test_camera_ticks_benchmark_short_run(tmp_path):
+    """benchmarks/camera_ticks.py, two short blocks: the policy node in its own process steps
+    through ROS while a camera process streams JPEG frames, both conditions are timed (pops
+    and chunks apart), and the per-frame parts beside them."""
+    out = tmp_path / 'cameras'
+    result = subprocess.run([sys.executable, '-m', 'benchmarks.camera_ticks', '--blocks', '1',
+                             '--block-ticks', '10', '--out', str(out), '--commit', 'cafe123'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    data = json.loads(out.with_suffix('.json').read_text())
+    ticks = data['sections']['ticks']
+    assert ticks['tree_commit'] == 'cafe123' and ticks['ticks'] == 20
+    for condition in ('quiet', 'streaming'):
+        pops, chunks = ticks['results'][condition]
+        assert (pops['n'], chunks['n']) == (8, 2) and pops['p50'] > 0 and chunks['p50'] > 0
+    parts = data['sections']['frames']
+    assert len(parts) == 4 and all(p['p50'] > 0 for p in parts.values())
+    assert [c['passed'] for c in data['checks']] == [True]
