@@ -163,10 +163,10 @@ def run(args, tmp, jpegs):
     from std_msgs.msg import Float32MultiArray
 
     from flashrt_ros.runtime.policies import lerobot_demo as demo
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import observation_size
     folder = demo.checkpoint(demo.vlm_folder(tmp / 'vlm'), tmp / 'checkpoint', size='cameras')
     z = demo.SIZES['cameras']
-    obs_dim = z['dims'][0] + sum(c * h * w for c, h, w in z['cameras'].values()) + \
-        2 * z['policy']['tokenizer_max_length']
+    obs_dim = observation_size(z['dims'][0], z['cameras'], z['policy']['tokenizer_max_length'])
     chunk_every = z['policy']['n_action_steps']
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(args.tree), os.environ.get('PYTHONPATH', '')]))

@@ -15,15 +15,17 @@ from benchmarks import vla
 from benchmarks.vla_profile import _replay_ms
 
 
-def _compile(model, parts, mode):
-    """parts of LeRobot's model compiled (inductor's deterministic mode, as the node ships
-    it; --mode: another), or 'expert': the action expert cast to bfloat16 (LeRobot casts
-    each layer's input to its weights' dtype)."""
+def _compile(lerobot, parts, mode):
+    """Parts of a LeRobot SmolVLAPolicy's model compiled (as the node compiles them,
+    lerobot_prefix.compiled; --mode: torch.compile's other mode), or 'expert': the action
+    expert cast to bfloat16 (lerobot_smolvla.expert_in_bfloat16)."""
+    from flashrt_ros.runtime.policies.lerobot_prefix import compiled as shipped
+    from flashrt_ros.runtime.policies.lerobot_smolvla import expert_in_bfloat16
+    model = lerobot.model
     vwe = model.vlm_with_expert
-    compiled = (lambda fn: torch.compile(fn, mode=mode, dynamic=False)) if mode else (
-        lambda fn: torch.compile(fn, dynamic=False, options={'deterministic': True}))
+    compiled = (lambda fn: torch.compile(fn, mode=mode, dynamic=False)) if mode else shipped
     if 'expert' in parts:
-        vwe.lm_expert.to(torch.bfloat16)
+        expert_in_bfloat16(lerobot)
     if 'denoise' in parts:
         model.denoise_step = compiled(model.denoise_step)
     if 'forward' in parts:
@@ -53,7 +55,7 @@ def main():
         print(f'lerobot kernels: chunk graph replay {ms:.2f} ms', flush=True)
         for variant in args.variants.split(';'):
             parts = variant.split(',')
-            _compile(policy.lerobot.model, parts, args.mode)
+            _compile(policy.lerobot, parts, args.mode)
             t0 = time.perf_counter()
             policy.capture(True)
             built = time.perf_counter() - t0

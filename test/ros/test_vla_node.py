@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
                     reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
 
+from flashrt_ros.runtime.camera_inputs import as_floats  # noqa: E402
 from support.smolvla import ACT_DIM, checkpoint, frames, OBS_DIM, vectors, vlm_folder  # noqa
 
 STEPS = 5       # the checkpoint's n_action_steps
@@ -160,8 +161,7 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
             images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                       for k, s in CAMERAS.items()}
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
-            floats = {k: im.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
-                      for k, im in images.items()}      # as LeRobot's datasets give them
+            floats = {k: as_floats(im) for k, im in images.items()}    # LeRobot's datasets
             publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (key, image)
                                    in zip(cams, images.items())],
                           lambda: all(torch.equal(readings.observation.image(k),
@@ -224,8 +224,7 @@ def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, fold
         images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                   for k, s in CAMERAS.items()}
         state = rng.standard_normal(STATE_DIM).astype(np.float32)
-        floats = {k: im.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
-                  for k, im in images.items()}
+        floats = {k: as_floats(im) for k, im in images.items()}
 
         def send(cameras):
             for pub, (key, image) in list(zip(cams, images.items()))[:cameras]:
@@ -297,8 +296,8 @@ def test_a_frame_being_decoded_holds_up_no_step(make, folder, monkeypatch):
         images = [{k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                    for k, s in CAMERAS.items()} for _ in range(2)]
         images[1] = {**images[0], wrist: images[1][wrist]}     # a new wrist frame only
-        floats = [{k: torch.from_numpy(im.transpose(2, 0, 1).astype(np.float32) / 255)
-                   for k, im in ims.items()} for ims in images]
+        floats = [{k: torch.from_numpy(as_floats(im)) for k, im in ims.items()}
+                  for ims in images]
 
         def arrived(f):
             return all(torch.equal(readings.observation.image(k), v) for k, v in f.items())
@@ -379,8 +378,7 @@ def test_a_fleet_of_robots_with_cameras(make, folder):
                 cams, js, _ = pubs[n]
                 images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                           for k, s in CAMERAS.items()}
-                floats = {k: torch.from_numpy(im.transpose(2, 0, 1).astype(np.float32) / 255)
-                          for k, im in images.items()}
+                floats = {k: torch.from_numpy(as_floats(im)) for k, im in images.items()}
                 publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (
                     key, image) in zip(cams, images.items())], lambda: all(torch.equal(
                         readings[i].observation.image(k), f) for k, f in floats.items()),
@@ -602,8 +600,7 @@ def test_pi0_and_pi05_on_cameras(make, tmp_path_factory, kind):
             def drive(readings):
                 """A step per (image, state): the frame, then a joint state of a new stamp."""
                 for image, state in readings:
-                    pixels = torch.from_numpy(image.transpose(2, 0, 1).astype(np.float32) /
-                                              np.float32(255))
+                    pixels = torch.from_numpy(as_floats(image))
                     publish_until(lambda: cam.publish(_image_msgs(image, 'top', 0)),
                                   lambda: torch.equal(frame, pixels),
                                   what='the frame to reach the node')

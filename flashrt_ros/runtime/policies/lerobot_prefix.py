@@ -56,6 +56,13 @@ def check_denoise_kernels(kind, kernels, rtc_delay=-1):
                                 '(rtc_delay) is not supported yet')
 
 
+def compiled(fn):
+    '''fn compiled as denoise_kernels 'compiled' compiles LeRobot's denoise_step: static
+    shapes, inductor's deterministic mode (no on-device benchmarking that could pick another
+    reduction order in another process).'''
+    return torch.compile(fn, dynamic=False, options={'deterministic': True})
+
+
 class KeptPrefixPolicy(LanguageChunkPolicy):
     '''A language chunk policy whose prefix KV cache, pad mask and source observation are arena
     state (kind 'kv'), reused where the observation repeats bit for bit.'''
@@ -70,8 +77,7 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         self.denoise_kernels = kernels
         if kernels == 'compiled':
             model = self.lerobot.model
-            model.denoise_step = torch.compile(model.denoise_step, dynamic=False,
-                                               options={'deterministic': True})
+            model.denoise_step = compiled(model.denoise_step)
 
     def config(self):
         return {**super().config(), 'denoise_kernels': self.denoise_kernels}
