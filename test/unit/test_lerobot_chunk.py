@@ -336,19 +336,24 @@ def test_diffusion_equals_lerobots_pipeline_and_a_capsule_replays(tmp_path, devi
                            torch.stack(got[:steps]).cpu())
 
 
+def _bfloat16_expert(folder, tmp_path, device):
+    return PolicyEngine(SmolVLAChunkPolicy.from_pretrained(
+        folder, seed=SEED, expert_dtype='bfloat16'), device=device,
+        capsule_dir=str(tmp_path / 'capsules'))
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_a_bfloat16_expert_is_opt_in_and_lerobots_with_the_same_cast(folders, tmp_path, device):
     """expert_dtype bfloat16: the actions are those of LeRobot's pipeline with its action
     expert cast the same way (expert_in_bfloat16), bit for bit, and not those of LeRobot's own
     (a float32 expert), so it is never the default; the prefix is the float32 expert's, bit
-    for bit (the prefix pass does not use the expert); a capsule mid-chunk replays 8 times; a
-    capsule of the other dtype, another dtype and real-time chunking are refused."""
+    for bit (the prefix pass does not use the expert); a capsule mid-chunk replays 8 times and
+    in a fresh process that casts again; a capsule of the other dtype, another dtype and
+    real-time chunking are refused."""
     from flashrt_ros.runtime.errors import IncompatibleCapsule
     from flashrt_ros.runtime.policies.lerobot_smolvla import expert_in_bfloat16
     _, folder = folders
-    engine = PolicyEngine(SmolVLAChunkPolicy.from_pretrained(
-        folder, seed=SEED, expert_dtype='bfloat16'), device=device,
-        capsule_dir=str(tmp_path / 'capsules'))
+    engine = _bfloat16_expert(folder, tmp_path, device)
     plain = _engine(folder, tmp_path, device)
     assert engine.policy.config()['expert_dtype'] == 'bfloat16'
     batch = frames(2 * STEPS + 3, seed=8)
@@ -367,7 +372,12 @@ def test_a_bfloat16_expert_is_opt_in_and_lerobots_with_the_same_cast(folders, tm
     worst = max(float((g - f).abs().max()) for g, f in zip(got, float32))
     assert 0 < worst < 0.1, worst       # bfloat16's rounding (actions O(1) here)
     engine.reset_episode()
-    check_a_capsule_replays(engine, obs[:STEPS + 2], obs[STEPS + 2:])
+    again = check_a_capsule_replays(engine, obs[:STEPS + 2], obs[STEPS + 2:])
+    fresh = steps_in_a_fresh_process(
+        engine, 'mid', 'from test_lerobot_chunk import _bfloat16_expert\n'
+        f'e = _bfloat16_expert({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})',
+        obs[STEPS + 2:], tmp_path)
+    assert torch.equal(fresh, again.cpu())
     plain.snapshot('f32')
     path = str(tmp_path / 'capsules' / 'f32.capsule')
     plain.save('f32', path)
