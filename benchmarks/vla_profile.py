@@ -1,9 +1,11 @@
 """Where a VLA chunk's time goes on CUDA: its graph's replay, then the kernels of one chunk run
 eagerly (the same kernels; torch.profiler). SmolVLA with the VLM in float32 and in bfloat16
 (benchmarks/vla.py's models); Pi0 / Pi0.5 in bfloat16 (benchmarks/vla_pi0.py's), their prefix
-pass and their denoising steps each a graph of its own and profiled apart.
+pass and their denoising steps each a graph of its own and profiled apart; 'call': SmolVLA's
+whole engine.step outside its graph (the host work, the copies, the waits; cProfile and
+torch.profiler), for a chunk and for a pop, with the observation on the host and on the device.
 
-    python -m benchmarks.vla_profile [--policies smolvla,pi05,pi0] \
+    python -m benchmarks.vla_profile [--policies smolvla,pi05,pi0,call] \
         > benchmarks/results/<date>-<device>-vla-profile.txt
 """
 import argparse
@@ -64,6 +66,72 @@ def pi0(device, kind):
     _kernels(lambda: policy._denoise(batch))
 
 
+def _p50_ms(fn, times=30):
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(times):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[times // 2] * 1e3
+
+
+def call(device):
+    """SmolVLA (published sizes, VLM bfloat16, LeRobot's kernels) on the engine: the whole
+    call against its parts."""
+    import cProfile
+    import pstats
+
+    from flashrt_ros.runtime.engine import PolicyEngine
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, _, policy, _ = vla._models('smolvla', 'published', device, tmp, torch.bfloat16)
+        engine = PolicyEngine(policy, device=device, capsule_dir=f'{tmp}/capsules')
+        torch.manual_seed(0)
+        host = torch.rand(policy.obs_dim)
+        policy.valid_probe(host)
+        on_device = host.to(device).view(1, -1)
+        obs = host.numpy()
+        engine.snapshot('start')
+        engine.step(obs)
+        engine.snapshot('mid')
+        parts = {
+            'chunk graph replay': policy._chunk_graph.replay,
+            'restore start': lambda: engine.restore('start'),
+            'restore mid': lambda: engine.restore('mid'),
+            'restore start + step (chunk), host obs': lambda: (engine.restore('start'),
+                                                               engine.step(obs)),
+            'restore start + step_all (chunk), device obs': lambda: (
+                engine.restore('start'), engine.step_all(on_device)),
+            'restore mid + step (pop), host obs': lambda: (engine.restore('mid'),
+                                                           engine.step(obs)),
+            'restore mid + step_all (pop), device obs': lambda: (engine.restore('mid'),
+                                                                 engine.step_all(on_device)),
+            'as_observations (host)': lambda: engine._observations(obs),
+            'as_device_observations': lambda: engine._observations(on_device, 1, True)}
+        for name, fn in parts.items():
+            print(f'{name}: p50 {_p50_ms(fn):.3f} ms', flush=True)
+        for name in ('restore start + step (chunk), host obs',
+                     'restore mid + step (pop), host obs',
+                     'restore mid + step_all (pop), device obs'):
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(20):
+                parts[name]()
+            torch.cuda.synchronize()
+            pr.disable()
+            print(f'--- cProfile, 20 x {name}')
+            pstats.Stats(pr).sort_stats('tottime').print_stats(18)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                parts[name]()
+                torch.cuda.synchronize()
+            print(f'--- torch.profiler, one {name}')
+            print(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=25,
+                                            max_name_column_width=50))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--policies', default='smolvla')
@@ -71,7 +139,7 @@ def main():
     device = torch.device('cuda')
     print(torch.cuda.get_device_name(device), 'torch', torch.__version__)
     for name in args.policies.split(','):
-        smolvla(device) if name == 'smolvla' else pi0(device, name)
+        {'smolvla': smolvla, 'call': call}.get(name, lambda d: pi0(d, name))(device)
         torch.cuda.empty_cache()
 
 

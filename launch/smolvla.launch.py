@@ -12,6 +12,7 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
     [denoise_kernels:=compiled]  (smolvla, pi0, pi05: fused denoising kernels, README)
+    [prefix_kernels:=compiled]   (smolvla, pi0, pi05: a fused prefix pass, README)
     [expert_dtype:=bfloat16]     (smolvla: the action expert in bfloat16, README)
     [rtc_delay:=3 rtc_queue_threshold:=10 [rtc_execution_horizon:=10] [rtc_schedule:=linear]
      [rtc_max_guidance_weight:=10.0]]   (smolvla, pi0, pi05: real-time chunking, README)
@@ -37,9 +38,10 @@ ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
              'control_mode': 'timer', 'control_rate': '30.0', 'action_joint_names': '',
              'chunk_period': '0.0', 'device': 'auto', 'action_topic': '',
              'action_chunk_topic': '', 'vision_dtype': '', 'denoise_kernels': '',
-             'expert_dtype': '', **{k: '' for k in RTC_OPTIONS}}
+             'expert_dtype': '', 'prefix_kernels': '', **{k: '' for k in RTC_OPTIONS}}
 # the options a checkpoint's policy class takes beyond the checkpoint (checkpoint_options)
-OPTIONS = ('vision_dtype', 'denoise_kernels', 'expert_dtype', *RTC_OPTIONS)
+OPTIONS = ('vision_dtype', 'denoise_kernels', 'prefix_kernels', 'expert_dtype',
+           *RTC_OPTIONS)
 
 
 def _list(text):

@@ -165,6 +165,11 @@ class FlowMatchingConfig(LeRobotConfig):
         "deterministic mode, a faster chunk whose actions are off LeRobot's by rounding "
         '(the README measures how far), the first chunk compiling for about a minute',
         choices=('lerobot', 'compiled'))
+    prefix_kernels: str = param(
+        'lerobot', "smolvla, pi0, pi05: the prefix pass's kernels (the VLM over the cameras "
+        "and the instruction, the vision encoder), as denoise_kernels: lerobot (LeRobot's) "
+        "or compiled (faster; the kept prefix and the actions off LeRobot's by rounding)",
+        choices=('lerobot', 'compiled'))
 
 
 @dataclass

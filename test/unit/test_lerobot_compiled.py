@@ -1,8 +1,9 @@
-"""denoise_kernels 'compiled' (runtime/policies/lerobot_prefix.py): SmolVLA's denoising steps
-compiled by torch.compile. Its actions are LeRobot's within float rounding (not bit for bit:
-other kernels), its kept prefix is LeRobot's bit for bit (the prefix pass is not compiled),
-and it is exact every time: a capsule mid-chunk replays the same actions 8 times, and a fresh
-process that compiles again gives the same bits. The tiny SmolVLA of support/smolvla.py."""
+"""denoise_kernels and prefix_kernels 'compiled' (runtime/policies/lerobot_prefix.py):
+SmolVLA's denoising steps, and its prefix pass, compiled by torch.compile. The actions are
+LeRobot's within float rounding (not bit for bit: other kernels); with the denoising steps
+alone compiled the kept prefix is LeRobot's bit for bit; either is exact every time: a capsule
+mid-chunk replays the same actions 8 times, and a fresh process that compiles again gives the
+same bits. The tiny SmolVLA of support/smolvla.py."""
 import pytest
 import torch
 
@@ -12,7 +13,8 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
-from support.prefix import check_a_capsule_replays, steps_in_a_fresh_process  # noqa: E402
+from support.prefix import (check_a_capsule_replays, check_restarts_reuse_the_prefix,  # noqa
+                            steps_in_a_fresh_process)
 from support.smolvla import checkpoint, frames, vectors, vlm_folder  # noqa: E402
 
 STEPS, SEED = 5, 7      # the demo checkpoint's n_action_steps; the engine's noise seed
@@ -28,8 +30,9 @@ def folder(tmp_path_factory):
                       tmp_path_factory.mktemp('checkpoint'))
 
 
-def _engine(folder, tmp_path, device, kernels):
-    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED, denoise_kernels=kernels)
+def _engine(folder, tmp_path, device, kernels, prefix='lerobot'):
+    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED, denoise_kernels=kernels,
+                                                prefix_kernels=prefix)
     return PolicyEngine(policy, device=device, capsule_dir=str(tmp_path / 'capsules'))
 
 
@@ -59,11 +62,42 @@ def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
     assert torch.equal(fresh, again.cpu())
 
 
-def test_a_capsule_of_other_kernels_is_refused(folder, tmp_path):
-    """The actions of a capsule's queue came from one set of kernels: a node on the other
-    refuses the file rather than mix them."""
-    compiled = _engine(folder, tmp_path, 'cpu', 'compiled')
-    lerobot = _engine(folder, tmp_path, 'cpu', 'lerobot')
+@pytest.mark.parametrize('device', DEVICES)
+def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time(
+        folder, tmp_path, device):
+    observations = vectors(folder, frames(2 * STEPS + 3, seed=5))
+    lerobot = _engine(folder, tmp_path, device, 'lerobot')
+    compiled = _engine(folder, tmp_path, device, 'compiled', prefix='compiled')
+    assert compiled.policy.config()['prefix_kernels'] == 'compiled'
+    assert 'prefix_kernels' not in lerobot.policy.config()  # the default's digest: as before
+    compiled.snapshot('start')
+    want = torch.stack([lerobot.step(o) for o in observations]).cpu()
+    got = torch.stack([compiled.step(o) for o in observations]).cpu()
+    worst = float((got.double() - want.double()).abs().max())
+    assert worst <= BOUND, worst
+    for name in ('prefix_k', 'prefix_v'):   # the prefix pass's own kernels, within rounding
+        kept, theirs = (e.policy.views[name].double() for e in (compiled, lerobot))
+        assert float((kept - theirs).abs().max()) <= BOUND * float(theirs.abs().max()), name
+    assert not torch.equal(compiled.policy.views['prefix_k'], lerobot.policy.views[
+        'prefix_k']) or device == 'cpu', 'no other kernels ran in the prefix pass'
+    # the kept prefix is reused exactly: a restart skips the prefix pass, same first action
+    check_restarts_reuse_the_prefix(compiled, observations[0], got[0])
+    compiled.reset_episode()
+    later = observations[STEPS + 2:]
+    again = check_a_capsule_replays(compiled, observations[:STEPS + 2], later)
+    fresh = steps_in_a_fresh_process(
+        compiled, 'mid', 'from test_lerobot_compiled import _engine\n'
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r}, "compiled", '
+        '"compiled")', later, tmp_path)
+    assert torch.equal(fresh, again.cpu())
+
+
+@pytest.mark.parametrize('prefix', ['lerobot', 'compiled'])
+def test_a_capsule_of_other_kernels_is_refused(folder, tmp_path, prefix):
+    """The actions of a capsule's queue (and its kept prefix) came from one set of kernels: a
+    node on another refuses the file rather than mix them."""
+    compiled = _engine(folder, tmp_path, 'cpu', 'compiled', prefix)
+    lerobot = _engine(folder, tmp_path, 'cpu', 'compiled' if prefix == 'compiled' else 'lerobot')
     lerobot.step(vectors(folder, frames(1))[0])
     lerobot.snapshot('one')
     path = str(tmp_path / 'capsules' / 'one.capsule')
@@ -79,7 +113,12 @@ def test_unknown_kernels_and_real_time_chunking_are_refused_before_anything_chan
     step = model.model.denoise_step
     with pytest.raises(InvalidConfig, match="denoise_kernels 'triton'"):
         SmolVLAChunkPolicy(model, stats={}, denoise_kernels='triton')
-    with pytest.raises(InvalidConfig, match='real-time chunking'):
-        SmolVLAChunkPolicy(model, stats={}, denoise_kernels='compiled', rtc_delay=2,
-                           rtc_queue_threshold=3)
+    with pytest.raises(InvalidConfig, match="prefix_kernels 'fast'"):
+        SmolVLAChunkPolicy(model, stats={}, prefix_kernels='fast')
+    for option in ('denoise_kernels', 'prefix_kernels'):
+        with pytest.raises(InvalidConfig, match=f'{option} compiled with real-time chunking'):
+            SmolVLAChunkPolicy(model, stats={}, rtc_delay=2, rtc_queue_threshold=3,
+                               **{option: 'compiled'})
     assert model.model.denoise_step == step     # not compiled
+    encoder = model.model.vlm_with_expert.get_vlm_model().vision_model.encoder
+    assert 'forward' not in vars(encoder)       # nor its prefix pass

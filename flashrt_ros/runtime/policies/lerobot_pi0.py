@@ -37,7 +37,7 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_prefix import check_denoise_kernels
+from .lerobot_prefix import check_kernels
 from .lerobot_rtc import RealTimeChunkPolicy
 
 
@@ -53,7 +53,8 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
                    'max_period', 'image_resolution', 'empty_cameras')
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0,
-                 vision_dtype='float32', denoise_kernels='lerobot', **rtc):
+                 vision_dtype='float32', denoise_kernels='lerobot', prefix_kernels='lerobot',
+                 **rtc):
         cfg = lerobot_policy.config
         release = version('lerobot')
         if tuple(int(p) for p in release.split('.')[:2]) < (0, 6):
@@ -69,19 +70,25 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         if vision_dtype == 'bfloat16' and cfg.dtype != 'bfloat16':
             raise InvalidConfig(f'{self.kind}: vision_dtype bfloat16 needs a bfloat16 model '
                                 f'(the checkpoint\'s dtype is {cfg.dtype})')
-        check_denoise_kernels(self.kind, denoise_kernels, rtc.get('rtc_delay', -1))
+        check_kernels(self.kind, denoise_kernels, prefix_kernels, rtc.get('rtc_delay', -1))
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.setup_rtc(**rtc)
         self.vision_dtype = vision_dtype
         if vision_dtype == 'bfloat16':      # once nothing else can refuse the model
             vision_in_bfloat16(lerobot_policy)
-        self.use_denoise_kernels(denoise_kernels)
+        self.use_kernels(denoise_kernels, prefix_kernels)
         self.noise_shape = (1, self.chunk, int(cfg.max_action_dim))
         self.vocabulary = lerobot_policy.model.paligemma_with_expert.paligemma \
             .get_input_embeddings().num_embeddings
 
     def config(self):
         return {**super().config(), 'vision_dtype': self.vision_dtype}
+
+    def _vlm(self):
+        return self.lerobot.model.paligemma_with_expert
+
+    def _vision_encoder(self):
+        return self._vlm().paligemma.model.vision_tower.vision_model.encoder
 
     def _prefix(self, batch):
         '''LeRobot's sample_actions up to the filled KV cache (its operations in order):
@@ -94,7 +101,7 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         mask = prepare_attention_masks_4d(make_att_2d_masks(pad, att))
         model.paligemma_with_expert.paligemma.model.language_model.config \
             ._attn_implementation = 'eager'     # as sample_actions sets it
-        _, kv = model.paligemma_with_expert.forward(
+        _, kv = self._prefix_forward()(
             attention_mask=mask, position_ids=torch.cumsum(pad, dim=1) - 1,
             past_key_values=None, inputs_embeds=[embs, None], use_cache=True)
         return [(layer.keys, layer.values) for layer in kv.layers], pad

@@ -25,9 +25,14 @@ SmolVLA's chunk graph 37.9 -> 24.8 ms, README). Its deterministic mode is on: no
 could pick other reduction orders in another process, so the actions stay a function of the
 inputs, replay after replay and process after process (tested). They are no longer LeRobot's
 bit for bit: off by float rounding (measured in the README; a trained checkpoint must be
-measured, benchmarks/vla.py --denoise-kernels). The prefix pass keeps LeRobot's kernels, so the
-kept prefix (kind 'kv') is the same either way. The first chunk compiles (about a minute on
+measured, benchmarks/vla.py --denoise-kernels). The first chunk compiles (about a minute on
 the H200, at configure on CUDA); inductor's cache makes the next configure faster.
+
+prefix_kernels 'compiled' (opt-in, the same way): the prefix pass's two heavy parts compiled
+alike, the VLM over the prefix (at this call site only: the denoising steps keep their own
+kernels) and the vision encoder's transformer. The kept prefix (kind 'kv') is then no longer
+LeRobot's bit for bit either, and a capsule of the other prefix kernels is refused (config()).
+With 'lerobot' the prefix pass keeps LeRobot's kernels whatever the denoising steps run.
 '''
 
 import torch
@@ -38,22 +43,25 @@ from ..state import BufferSpec
 from .lerobot_chunk import LanguageChunkPolicy
 
 PREFIX = ('prefix_k', 'prefix_v', 'prefix_pad')     # the static buffers both graphs read
-DENOISE_KERNELS = ('lerobot', 'compiled')
+KERNELS = ('lerobot', 'compiled')
 
 
-def check_denoise_kernels(kind, kernels, rtc_delay=-1):
-    '''InvalidConfig for a denoise_kernels value that cannot work (before anything changes).'''
-    if kernels not in DENOISE_KERNELS:
-        raise InvalidConfig(f'{kind}: denoise_kernels {kernels!r}: lerobot (LeRobot\'s own) or '
-                            'compiled (torch.compile\'s fused kernels)')
-    if kernels == 'compiled':
-        import torch._inductor.config as inductor
-        if not hasattr(inductor, 'deterministic'):
-            raise InvalidConfig(f'{kind}: denoise_kernels compiled needs inductor\'s '
-                                f'deterministic mode (torch >= 2.10; this is {torch.__version__})')
-        if rtc_delay >= 0:      # RTC differentiates through the step: not measured yet
-            raise InvalidConfig(f'{kind}: denoise_kernels compiled with real-time chunking '
-                                '(rtc_delay) is not supported yet')
+def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1):
+    '''InvalidConfig for denoise_kernels / prefix_kernels values that cannot work (before
+    anything changes).'''
+    for option, kernels in (('denoise_kernels', denoise), ('prefix_kernels', prefix)):
+        if kernels not in KERNELS:
+            raise InvalidConfig(f'{kind}: {option} {kernels!r}: lerobot (LeRobot\'s own) or '
+                                'compiled (torch.compile\'s fused kernels)')
+        if kernels == 'compiled':
+            import torch._inductor.config as inductor
+            if not hasattr(inductor, 'deterministic'):
+                raise InvalidConfig(f'{kind}: {option} compiled needs inductor\'s '
+                                    f'deterministic mode (torch >= 2.10; this is '
+                                    f'{torch.__version__})')
+            if rtc_delay >= 0:      # RTC differentiates through the step: not measured yet
+                raise InvalidConfig(f'{kind}: {option} compiled with real-time chunking '
+                                    '(rtc_delay) is not supported yet')
 
 
 def compiled(fn):
@@ -68,19 +76,31 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
     state (kind 'kv'), reused where the observation repeats bit for bit.'''
 
     kv_shape = None     # one layer's keys (and values); learn_layout() sets it
-    checkpoint_options = ('denoise_kernels',)
-    denoise_kernels = 'lerobot'
+    checkpoint_options = ('denoise_kernels', 'prefix_kernels')
+    denoise_kernels = prefix_kernels = 'lerobot'
+    _compiled_vlm = None    # the VLM's forward for the prefix pass, when compiled
 
-    def use_denoise_kernels(self, kernels):
-        '''The kernels of the denoising steps (the module's note); checked before by
-        check_denoise_kernels.'''
-        self.denoise_kernels = kernels
-        if kernels == 'compiled':
+    def use_kernels(self, denoise, prefix):
+        '''The kernels of the denoising steps and of the prefix pass (the module's note);
+        checked before by check_kernels.'''
+        self.denoise_kernels, self.prefix_kernels = denoise, prefix
+        if denoise == 'compiled':
             model = self.lerobot.model
             model.denoise_step = compiled(model.denoise_step)
+        if prefix == 'compiled':
+            self._compiled_vlm = compiled(self._vlm().forward)
+            encoder = self._vision_encoder()
+            encoder.forward = compiled(encoder.forward)
+
+    def _prefix_forward(self):
+        '''The VLM's forward the prefix pass calls (prefix_kernels).'''
+        return self._compiled_vlm or self._vlm().forward
 
     def config(self):
-        return {**super().config(), 'denoise_kernels': self.denoise_kernels}
+        # prefix_kernels only when compiled: the default's digest is the one capsules saved
+        # before the option have
+        return {**super().config(), 'denoise_kernels': self.denoise_kernels,
+                **({'prefix_kernels': 'compiled'} if self.prefix_kernels != 'lerobot' else {})}
 
     def learn_layout(self, kv, pad):
         '''The cache's layout, from one prefix pass's output.'''

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_prefix import check_denoise_kernels
+from .lerobot_prefix import check_kernels
 from .lerobot_rtc import RealTimeChunkPolicy
 
 
@@ -39,9 +39,10 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
     checkpoint_options = RealTimeChunkPolicy.checkpoint_options + ('expert_dtype',)
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0,
-                 denoise_kernels='lerobot', expert_dtype='float32', **rtc):
+                 denoise_kernels='lerobot', expert_dtype='float32', prefix_kernels='lerobot',
+                 **rtc):
         cfg = lerobot_policy.config
-        check_denoise_kernels(self.kind, denoise_kernels, rtc.get('rtc_delay', -1))
+        check_kernels(self.kind, denoise_kernels, prefix_kernels, rtc.get('rtc_delay', -1))
         if expert_dtype not in ('float32', 'bfloat16'):
             raise InvalidConfig(f'smolvla: expert_dtype {expert_dtype!r}: float32 (LeRobot\'s) '
                                 'or bfloat16')
@@ -66,10 +67,16 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
         self.expert_dtype = expert_dtype
         if expert_dtype == 'bfloat16':      # once nothing else can refuse the model
             expert_in_bfloat16(self.lerobot)
-        self.use_denoise_kernels(denoise_kernels)
+        self.use_kernels(denoise_kernels, prefix_kernels)
 
     def config(self):
         return {**super().config(), 'expert_dtype': self.expert_dtype}
+
+    def _vlm(self):
+        return self.lerobot.model.vlm_with_expert
+
+    def _vision_encoder(self):
+        return self._vlm().get_vlm_model().vision_model.encoder
 
     def _prefix(self, batch, record=False):
         '''LeRobot's sample_actions up to the filled KV cache: ([(keys, values)] per layer,
@@ -83,7 +90,7 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
             embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
                                                 state=state)
         fill = {'fill_kv_cache': True} if self._dict_cache else {}
-        _, kv = model.vlm_with_expert.forward(
+        _, kv = self._prefix_forward()(
             attention_mask=make_att_2d_masks(pad, att), position_ids=torch.cumsum(pad, 1) - 1,
             past_key_values=None, inputs_embeds=[embs, None], use_cache=True, **fill)
         if self._dict_cache:
