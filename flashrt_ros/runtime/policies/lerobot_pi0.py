@@ -87,9 +87,6 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
     def _vlm(self):
         return self.lerobot.model.paligemma_with_expert
 
-    def _vision_encoder(self):
-        return self._vlm().paligemma.model.vision_tower.vision_model.encoder
-
     def _prefix(self, batch):
         '''LeRobot's sample_actions up to the filled KV cache (its operations in order):
         ([(keys, values)] per layer, prefix pad mask).'''

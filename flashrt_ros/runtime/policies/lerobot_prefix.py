@@ -30,7 +30,8 @@ the H200, at configure on CUDA); inductor's cache makes the next configure faste
 
 prefix_kernels 'compiled' (opt-in, the same way): the prefix pass's two heavy parts compiled
 alike, the VLM over the prefix (at this call site only: the denoising steps keep their own
-kernels) and the vision encoder's transformer. The kept prefix (kind 'kv') is then no longer
+kernels) and LeRobot's embed_image (the vision tower and its projection, which only the prefix
+pass calls). The kept prefix (kind 'kv') is then no longer
 LeRobot's bit for bit either, and a capsule of the other prefix kernels is refused (config()).
 With 'lerobot' the prefix pass keeps LeRobot's kernels whatever the denoising steps run.
 '''
@@ -84,13 +85,28 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         '''The kernels of the denoising steps and of the prefix pass (the module's note);
         checked before by check_kernels.'''
         self.denoise_kernels, self.prefix_kernels = denoise, prefix
+        self._compiled_ran = set()      # the graphs (by id) run eagerly once (_run)
         if denoise == 'compiled':
             model = self.lerobot.model
             model.denoise_step = compiled(model.denoise_step)
         if prefix == 'compiled':
-            self._compiled_vlm = compiled(self._vlm().forward)
-            encoder = self._vision_encoder()
-            encoder.forward = compiled(encoder.forward)
+            vlm = self._vlm()
+            self._compiled_vlm = compiled(vlm.forward)
+            vlm.embed_image = compiled(vlm.embed_image)
+
+    def _run(self, graph):
+        '''As LeRobotChunkPolicy._run; with compiled kernels, a graph run eagerly (the CPU)
+        compiles at its first run and must never compile again: a recompile would run other
+        kernels, and past dynamo's limit LeRobot's own, changing the actions without a word.
+        So it is an error instead (torch._dynamo's error_on_recompile).'''
+        if 'compiled' not in (self.denoise_kernels, self.prefix_kernels) or graph.captured:
+            return super()._run(graph)
+        if id(graph) not in self._compiled_ran:
+            self._compiled_ran.add(id(graph))
+            return super()._run(graph)
+        import torch._dynamo
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            return super()._run(graph)
 
     def _prefix_forward(self):
         '''The VLM's forward the prefix pass calls (prefix_kernels).'''

@@ -75,9 +75,6 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
     def _vlm(self):
         return self.lerobot.model.vlm_with_expert
 
-    def _vision_encoder(self):
-        return self._vlm().get_vlm_model().vision_model.encoder
-
     def _prefix(self, batch, record=False):
         '''LeRobot's sample_actions up to the filled KV cache: ([(keys, values)] per layer,
         prefix pad mask). record: with transformers' own patch position ids, recorded (the
