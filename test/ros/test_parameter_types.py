@@ -244,11 +244,12 @@ def test_checkpoint_settings_set_on_an_active_fleet_act_on_every_session(make):
     ('act', 'rtc_delay', 2, 'pi05'), ('recurrent', 'rtc_queue_threshold', 5, 'pi05'),
     ('smolvla', 'vision_dtype', 'bfloat16', 'pi05'),
     ('act', 'denoise_kernels', 'compiled', 'pi05'),
+    ('diffusion', 'prefix_kernels', 'compiled', 'smolvla'),
     ('pi05', 'expert_dtype', 'bfloat16', 'smolvla')])
 def test_a_checkpoint_option_for_a_kind_without_it_is_refused(kind, name, value, taker):
-    """Real-time chunking, vision_dtype, denoise_kernels or expert_dtype set for a kind that
-    has no such option would be ignored (other actions than asked for): refused naming the
-    kinds that take it; the same value for a kind that takes it builds."""
+    """Real-time chunking, vision_dtype, denoise_kernels, prefix_kernels or expert_dtype set for
+    a kind that has no such option would be ignored (other actions than asked for): refused
+    naming the kinds that take it; the same value for a kind that takes it builds."""
     values = {f.name: node_params._default(f) for f in node_params.ALL_FIELDS}
     with pytest.raises(node_params.InvalidConfig, match=f"'{name}' is an option of"):
         node_params.build(dict(values, policy_type=kind, **{name: value}))
