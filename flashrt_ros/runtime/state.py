@@ -49,6 +49,10 @@ class BufferSpec:
     dtype: torch.dtype
     kind: str               # one of KINDS
     growth: Growth = Growth.STATIC
+    # False: left out of the step's finite flag (step.py), for a buffer whose NaN could never
+    # reach an action, such as a cache key compared bit for bit with a checked observation
+    # (lerobot_prefix's prefix_obs): on the CPU its pass costs as much as the step's copies
+    finite_checked: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, 'shape', tuple(int(s) for s in self.shape))

@@ -82,11 +82,13 @@ class StepProgram:
         self._ctl_usual = self._ctl_staged = False  # stage_control: the device's control
         self.feedback = None if last_action is None else self._make_feedback(*last_action)
         # What the finite flag covers, per session: the action and the static float buffers
-        # (the history's append rows are checked when a checkpoint is taken or chosen:
-        # PolicyEngine.nonfinite_buffers). One session: its plain views, for one multi-tensor
-        # kernel; a fleet: rows of the batched views (a session's part is contiguous).
+        # but those marked finite_checked=False (the history's append rows are checked when a
+        # checkpoint is taken or chosen: PolicyEngine.nonfinite_buffers). One session: its
+        # plain views, for one multi-tensor kernel; a fleet: rows of the batched views (a
+        # session's part is contiguous).
         static = [name for name, spec in arena.specs.items() if spec.growth == Growth.STATIC
-                  and arena.views[name].is_floating_point() and arena.views[name].numel()]
+                  and spec.finite_checked and arena.views[name].is_floating_point()
+                  and arena.views[name].numel()]
         if n == 1:
             self._finite_over = [self.act_buf[0]] + [arena.views[s] for s in static]
         else:

@@ -121,6 +121,32 @@ def test_the_prefix_is_reused_for_the_same_observation_only(folders, tmp_path, d
         check_changed_bits_recompute(engine, changed)
 
 
+def test_the_finite_flag_covers_the_kept_prefix_but_not_its_key(folders, tmp_path):
+    """prefix_obs, the kept prefix's key, is a copy of a checked observation and only ever
+    compared with one: the finite flag leaves it out (a pass over 11 MB a step for three VGA
+    cameras on the CPU), and a NaN there matches no observation, so the prefix pass runs
+    again. The cache the model wrote stays covered: a NaN in it poisons the step."""
+    _, folder = folders
+    engine = _engine(folder, tmp_path)
+    policy, still = engine.policy, vectors(folder, frames(1, seed=3))[0]
+    engine.step(still)
+    engine.snapshot('first')
+    policy.views['prefix_obs'][0] = float('nan')
+    engine.step(still)                      # a pop
+    assert engine.last_step_finite
+    engine.restore('first')
+    policy.views['prefix_obs'][0] = float('nan')
+    policy.views['left'].zero_()            # the next step computes a chunk
+    reused = policy.prefix_reused
+    engine.step(still)
+    assert engine.last_step_finite and policy.prefix_reused == reused     # recomputed
+    assert torch.equal(policy.views['prefix_obs'], torch.from_numpy(still))
+    engine.restore('first')
+    policy.views['prefix_k'][0, 0, 0, 0, 0] = float('nan')
+    engine.step(still)
+    assert not engine.last_step_finite
+
+
 def test_no_statistics_and_unknown_cameras_are_refused(folders):
     vlm, _ = folders
     lerobot = smolvla(vlm)

@@ -134,8 +134,10 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
             BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
             BufferSpec('prefix_v', cache, self.kv_dtype, 'kv'),
             BufferSpec('prefix_pad', (1, self.prefix_len), torch.bool, 'kv'),
-            # the key of the cache above: the observation it came from, and whether it holds one
-            BufferSpec('prefix_obs', (self.obs_dim,), torch.float32, 'kv'),
+            # the key of the cache above: the observation it came from, and whether it holds one;
+            # a copy of a checked observation, and a key only: a NaN there matches no
+            # observation, so the finite flag leaves it out (11 MB for three VGA cameras)
+            BufferSpec('prefix_obs', (self.obs_dim,), torch.float32, 'kv', finite_checked=False),
             BufferSpec('prefix_ready', (1,), torch.int64, 'kv'),
             self._rng_spec()]
 
