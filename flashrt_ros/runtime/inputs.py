@@ -48,7 +48,9 @@ def as_device_observations(obs, obs_dim, rows):
         raise InvalidObservation(f'observation has shape {tuple(obs.shape)}, expected '
                                  f'{(rows, obs_dim)} (obs_dim {obs_dim})')
     a = obs.detach().to(torch.float32)
-    if not bool(torch.isfinite(a).all()):
+    if a.device.type == 'cpu':     # a CPU engine's: numpy's pass, several times torch's there
+        check_finite(a.numpy())     # (2.8 M floats of three VGA cameras: 40 % of a CPU tick)
+    elif not bool(torch.isfinite(a).all()):
         idx = torch.nonzero(~torch.isfinite(a))[0].tolist()
         raise InvalidObservation(f'observation holds NaN or Inf (first at index {idx})')
     return a
