@@ -174,7 +174,8 @@ def run(args, tmp, jpegs):
     node_proc = subprocess.Popen(
         [sys.executable, '-m', 'flashrt_ros.node.policy_node', '--ros-args', '--params-file',
          _params_file(folder, obs_dim, z['dims'][1], tmp / 'params.yaml')],
-        env=env, stdout=open(log_path, 'w'), stderr=subprocess.STDOUT)
+        env=env, stdout=open(log_path, 'w'), stderr=subprocess.STDOUT,
+        cwd=str(args.tree))     # python -m puts the cwd first on sys.path, before PYTHONPATH
     spawn = multiprocessing.get_context('spawn')
     streaming, stop = spawn.Event(), spawn.Event()
     cameras = spawn.Process(target=_publish_cameras, args=(jpegs, args.fps, streaming, stop),
