@@ -40,12 +40,13 @@ RTC = {'rtc_delay': 2, 'rtc_queue_threshold': 3, 'rtc_schedule': 'exp'}
 
 @_needs_ros2
 @pytest.mark.slow
-@pytest.mark.parametrize('options', [{}, RTC, {'denoise_kernels': 'compiled'}],
-                         ids=['queue', 'real_time_chunking', 'compiled_kernels'])
+@pytest.mark.parametrize('options', [
+    {}, RTC, {'denoise_kernels': 'compiled', 'prefix_kernels': 'compiled'}],
+    ids=['queue', 'real_time_chunking', 'compiled_kernels'])
 def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
     """With the rtc_* launch arguments the whole chunk goes out (8 actions); with
-    denoise_kernels compiled the launched node compiles in its process and its actions are
-    those of an engine compiled in this one, bit for bit."""
+    denoise_kernels and prefix_kernels compiled the launched node compiles in its process and
+    its actions are those of an engine compiled in this one, bit for bit."""
     rtc = 'rtc_delay' in options
     folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
     joints = [f'j{i}' for i in range(STATE_DIM)]
