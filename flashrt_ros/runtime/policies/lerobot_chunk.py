@@ -221,14 +221,16 @@ class LanguageChunkPolicy(LeRobotChunkPolicy):
         mask of 0 and 1: a float there would be truncated to another token without an error.'''
         obs, vocabulary = torch.as_tensor(obs), self.vocabulary
         ids, mask = obs[..., -2 * self.tokens:-self.tokens], obs[..., -self.tokens:]
-        if not bool(((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()):
+        valid_ids = ((ids == ids.round()) & (ids >= 0) & (ids < vocabulary)).all()
+        if bool(valid_ids & ((mask == 0) | (mask == 1)).all()):    # one read of a device
+            return
+        if not bool(valid_ids):
             first = self.obs_dim - 2 * self.tokens
             raise InvalidObservation(f'the instruction\'s token ids must be integers in [0, '
                                      f'{vocabulary}) (observation values {first}..'
                                      f'{first + self.tokens - 1})')
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the '
-                                     f'last {self.tokens} observation values)')
+        raise InvalidObservation('the instruction\'s attention mask must be 0 or 1 (the last '
+                                 f'{self.tokens} observation values)')
 
     def valid_probe(self, obs):
         '''The engine's determinism probe fills observations with random floats: valid token
