@@ -67,3 +67,13 @@ def check_a_capsule_replays(engine, before, later, name='mid', times=8):
         engine.restore(name)
         assert torch.equal(torch.stack([engine.step(obs) for obs in later]), want), i
     return want
+
+
+def check_replays_here_and_in_a_fresh_process(engine, before, later, make_engine, tmp_path):
+    """The identity rule for a new episode of `engine`: check_a_capsule_replays (capsule 'mid'
+    after `before`, `later` replayed 8 times), then the same actions from that capsule in a
+    fresh process that builds its engine with `make_engine` (steps_in_a_fresh_process)."""
+    engine.reset_episode()
+    again = check_a_capsule_replays(engine, before, later)
+    fresh = steps_in_a_fresh_process(engine, 'mid', make_engine, later, tmp_path)
+    assert torch.equal(fresh, again.cpu())

@@ -22,6 +22,7 @@ from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa
 from flashrt_ros.runtime.policies import gaussian_noise  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
 from support.prefix import (check_a_capsule_replays, check_changed_bits_recompute,  # noqa
+                            check_replays_here_and_in_a_fresh_process,
                             check_restarts_reuse_the_prefix, steps_in_a_fresh_process)
 from support.smolvla import (ACT_DIM, CAMERAS, checkpoint, frames, pipeline, smolvla,  # noqa: E402
                              STATE_DIM, statistics, vectors, vlm_folder)
@@ -397,13 +398,11 @@ def test_a_bfloat16_expert_is_opt_in_and_lerobots_with_the_same_cast(folders, tm
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     worst = max(float((g - f).abs().max()) for g, f in zip(got, float32))
     assert 0 < worst < 0.1, worst       # bfloat16's rounding (actions O(1) here)
-    engine.reset_episode()
-    again = check_a_capsule_replays(engine, obs[:STEPS + 2], obs[STEPS + 2:])
-    fresh = steps_in_a_fresh_process(
-        engine, 'mid', 'from test_lerobot_chunk import _bfloat16_expert\n'
+    check_replays_here_and_in_a_fresh_process(
+        engine, obs[:STEPS + 2], obs[STEPS + 2:],
+        'from test_lerobot_chunk import _bfloat16_expert\n'
         f'e = _bfloat16_expert({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r})',
-        obs[STEPS + 2:], tmp_path)
-    assert torch.equal(fresh, again.cpu())
+        tmp_path)
     plain.snapshot('f32')
     path = str(tmp_path / 'capsules' / 'f32.capsule')
     plain.save('f32', path)

@@ -13,8 +13,8 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
-from support.prefix import (check_a_capsule_replays, check_restarts_reuse_the_prefix,  # noqa
-                            steps_in_a_fresh_process)
+from support.prefix import (check_replays_here_and_in_a_fresh_process,  # noqa: E402
+                            check_restarts_reuse_the_prefix)
 from support.smolvla import checkpoint, frames, vectors, vlm_folder  # noqa: E402
 
 STEPS, SEED = 5, 7      # the demo checkpoint's n_action_steps; the engine's noise seed
@@ -50,16 +50,13 @@ def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
     assert not torch.equal(got, want) or device == 'cpu', 'no other kernels ran'
     for name in ('prefix_k', 'prefix_v', 'prefix_pad'):     # the prefix pass: LeRobot's
         assert torch.equal(compiled.policy.views[name], lerobot.policy.views[name]), name
-    # a capsule mid-chunk: the same actions across the next chunk, 8 times
-    compiled.reset_episode()
-    later = observations[STEPS + 2:]
-    again = check_a_capsule_replays(compiled, observations[:STEPS + 2], later)
-    # a fresh process compiles again and gives the same bits
-    fresh = steps_in_a_fresh_process(
-        compiled, 'mid', 'from test_lerobot_compiled import _engine\n'
+    # a capsule mid-chunk: the same actions across the next chunk, 8 times, and in a fresh
+    # process that compiles again
+    check_replays_here_and_in_a_fresh_process(
+        compiled, observations[:STEPS + 2], observations[STEPS + 2:],
+        'from test_lerobot_compiled import _engine\n'
         f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r}, "compiled")',
-        later, tmp_path)
-    assert torch.equal(fresh, again.cpu())
+        tmp_path)
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -82,14 +79,11 @@ def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time
         'prefix_k']) or device == 'cpu', 'no other kernels ran in the prefix pass'
     # the kept prefix is reused exactly: a restart skips the prefix pass, same first action
     check_restarts_reuse_the_prefix(compiled, observations[0], got[0])
-    compiled.reset_episode()
-    later = observations[STEPS + 2:]
-    again = check_a_capsule_replays(compiled, observations[:STEPS + 2], later)
-    fresh = steps_in_a_fresh_process(
-        compiled, 'mid', 'from test_lerobot_compiled import _engine\n'
+    check_replays_here_and_in_a_fresh_process(
+        compiled, observations[:STEPS + 2], observations[STEPS + 2:],
+        'from test_lerobot_compiled import _engine\n'
         f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r}, "compiled", '
-        '"compiled")', later, tmp_path)
-    assert torch.equal(fresh, again.cpu())
+        '"compiled")', tmp_path)
 
 
 @pytest.mark.parametrize('prefix', ['lerobot', 'compiled'])

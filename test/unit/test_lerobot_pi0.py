@@ -24,6 +24,7 @@ from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0Chu
 from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
 from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
 from support.prefix import (check_a_capsule_replays, check_changed_bits_recompute,  # noqa
+                            check_replays_here_and_in_a_fresh_process,
                             check_restarts_reuse_the_prefix, steps_in_a_fresh_process)
 from support.pi0 import (ACT_DIM, CAMERA, checkpoint, CHUNK, frames, pi0, raw_frames,  # noqa
                          small_sizes, STEPS, vector)
@@ -141,14 +142,10 @@ def _check_compiled(kind, device, tmp_path, prefix):
             assert off <= 1e-4 * float(theirs.double().abs().max()), (name, off)
     if prefix == 'compiled':    # the kept prefix of its own kernels, reused exactly
         check_restarts_reuse_the_prefix(compiled, obs[0], got[0])
-    compiled.reset_episode()
-    later = obs[STEPS + 1:]
-    again = check_a_capsule_replays(compiled, obs[:STEPS + 1], later)
-    fresh = steps_in_a_fresh_process(
-        compiled, 'mid', 'from test_lerobot_pi0 import _compiled\n'
+    check_replays_here_and_in_a_fresh_process(
+        compiled, obs[:STEPS + 1], obs[STEPS + 1:], 'from test_lerobot_pi0 import _compiled\n'
         f'e = _compiled({kind!r}, {device!r}, pathlib.Path({str(tmp_path)!r}), {prefix!r})',
-        later, tmp_path)
-    assert torch.equal(fresh, again.cpu())
+        tmp_path)
 
 
 @pytest.mark.parametrize('device', DEVICES)
