@@ -167,7 +167,7 @@ class FlowMatchingConfig(LeRobotConfig):
         choices=('lerobot', 'compiled'))
     prefix_kernels: str = param(
         'lerobot', "smolvla, pi0, pi05: the prefix pass's kernels (the VLM over the cameras "
-        "and the instruction, the vision encoder), as denoise_kernels: lerobot (LeRobot's) "
+        "and the instruction, the vision tower), as denoise_kernels: lerobot (LeRobot's) "
         "or compiled (faster; the kept prefix and the actions off LeRobot's by rounding)",
         choices=('lerobot', 'compiled'))
 

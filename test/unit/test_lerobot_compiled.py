@@ -86,6 +86,23 @@ def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time
         '"compiled")', tmp_path)
 
 
+def test_a_recompile_on_the_cpu_is_an_error_not_other_kernels(folder, tmp_path):
+    """On the CPU the compiled chunk runs eagerly at every chunk: after its first run, what
+    would make dynamo compile again (here the VLM cast to bfloat16 behind the engine's back:
+    its guards check the weights' dtype) raises instead of running other kernels (or, past
+    dynamo's limit, LeRobot's), and the state has not moved."""
+    import torch._dynamo
+    engine = _engine(folder, tmp_path, 'cpu', 'compiled', prefix='compiled')
+    observations = vectors(folder, frames(STEPS + 1, seed=6))
+    for obs in observations[:STEPS]:
+        engine.step(obs)                    # one chunk, popped to the end
+    before = {n: v.clone() for n, v in engine.policy.views.items()}
+    engine.policy.lerobot.model.vlm_with_expert.vlm.to(torch.bfloat16)
+    with pytest.raises(torch._dynamo.exc.RecompileError):
+        engine.step(observations[STEPS])    # the next chunk
+    assert all(torch.equal(v, before[n]) for n, v in engine.policy.views.items())
+
+
 @pytest.mark.parametrize('prefix', ['lerobot', 'compiled'])
 def test_a_capsule_of_other_kernels_is_refused(folder, tmp_path, prefix):
     """The actions of a capsule's queue (and its kept prefix) came from one set of kernels: a

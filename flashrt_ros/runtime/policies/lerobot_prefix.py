@@ -31,9 +31,9 @@ the H200, at configure on CUDA); inductor's cache makes the next configure faste
 prefix_kernels 'compiled' (opt-in, the same way): the prefix pass's two heavy parts compiled
 alike, the VLM over the prefix (at this call site only: the denoising steps keep their own
 kernels) and LeRobot's embed_image (the vision tower and its projection, which only the prefix
-pass calls). The kept prefix (kind 'kv') is then no longer
-LeRobot's bit for bit either, and a capsule of the other prefix kernels is refused (config()).
-With 'lerobot' the prefix pass keeps LeRobot's kernels whatever the denoising steps run.
+pass calls). The kept prefix (kind 'kv') is then no longer LeRobot's bit for bit either, and a
+capsule of the other prefix kernels is refused (config()). With 'lerobot' the prefix pass
+keeps LeRobot's kernels whatever the denoising steps run.
 '''
 
 import torch
@@ -85,7 +85,6 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         '''The kernels of the denoising steps and of the prefix pass (the module's note);
         checked before by check_kernels.'''
         self.denoise_kernels, self.prefix_kernels = denoise, prefix
-        self._compiled_ran = set()      # the graphs (by id) run eagerly once (_run)
         if denoise == 'compiled':
             model = self.lerobot.model
             model.denoise_step = compiled(model.denoise_step)
@@ -150,6 +149,7 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
                        'prefix_pad': torch.zeros(1, self.prefix_len, dtype=torch.bool,
                                                  device=dev)}
         self.prefix_reused = 0      # chunks that skipped the prefix pass (benchmarks, tests)
+        self._compiled_ran = set()  # new graphs (_run): each may compile at its first run
         super().capture(enabled)
         self._denoise_graph = StepGraph(self._denoise_fn, dev, enabled, host_constants=True)
 
