@@ -7,6 +7,8 @@ torch.profiler), for a chunk and for a pop, with the observation on the host and
 
     python -m benchmarks.vla_profile [--policies smolvla,pi05,pi0,call] \
         > benchmarks/results/<date>-<device>-vla-profile.txt
+    python -m benchmarks.vla_profile --policies pi05 --kernels compiled+prefix \
+        --vision bfloat16 --rows 30     # Pi0 / Pi0.5 with the opt-in kernels
 """
 import argparse
 import tempfile
@@ -48,22 +50,27 @@ def smolvla(device):
             _kernels(policy._chunk_fn)
 
 
-def pi0(device, kind):
+def pi0(device, kind, kernels='lerobot', vision='float32', rows=14):
     from flashrt_ros.runtime.policies import Pi05ChunkPolicy, Pi0ChunkPolicy
     _, lerobot, stats, _ = vla_pi0.build(device, kind, 'bfloat16')
-    policy = (Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy)(lerobot, stats=stats)
+    denoise_kernels, prefix_kernels = vla.KERNELS[kernels]
+    policy = (Pi05ChunkPolicy if kind == 'pi05' else Pi0ChunkPolicy)(
+        lerobot, stats=stats, vision_dtype=vision, denoise_kernels=denoise_kernels,
+        prefix_kernels=prefix_kernels)
     policy.state_specs()        # the prefix layout
     policy.capture(True)
     policy._chunk_obs.uniform_()
     policy._chunk_obs[-2 * policy.tokens:] = 1       # valid token ids and mask
     whole, denoise = _replay_ms(policy._chunk_graph), _replay_ms(policy._denoise_graph)
-    print(f'{kind} bfloat16: whole chunk graph {whole:.1f} ms, denoising steps alone '
-          f'{denoise:.1f} ms, so the prefix pass about {whole - denoise:.1f} ms')
+    print(f'{kind} bfloat16, vision {vision}, {kernels} kernels: whole chunk graph '
+          f'{whole:.1f} ms, denoising steps alone {denoise:.1f} ms, so the prefix pass about '
+          f'{whole - denoise:.1f} ms')
     batch = policy._inputs(policy._chunk_obs)
+    # outside a graph, as the graphs' kernels (compiled code runs its own kernels either way)
     print(f'{kind}: the prefix pass, eager')
-    _kernels(lambda: policy._prefix(batch))
+    _kernels(lambda: policy._prefix(batch), rows)
     print(f'{kind}: the denoising steps, eager')
-    _kernels(lambda: policy._denoise(batch))
+    _kernels(lambda: policy._denoise(batch), rows)
 
 
 def _p50_ms(fn, times=30):
@@ -135,11 +142,17 @@ def call(device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--policies', default='smolvla')
+    ap.add_argument('--kernels', default='lerobot', help='Pi0 / Pi0.5: ' + ', '.join(vla.KERNELS))
+    ap.add_argument('--vision', default='float32', help='Pi0 / Pi0.5: vision_dtype')
+    ap.add_argument('--rows', type=int, default=14, help='kernel rows in each table')
     args = ap.parse_args()
     device = torch.device('cuda')
     print(torch.cuda.get_device_name(device), 'torch', torch.__version__)
     for name in args.policies.split(','):
-        {'smolvla': smolvla, 'call': call}.get(name, lambda d: pi0(d, name))(device)
+        if name in ('pi0', 'pi05'):
+            pi0(device, name, args.kernels, args.vision, args.rows)
+        else:
+            {'smolvla': smolvla, 'call': call}[name](device)
         torch.cuda.empty_cache()
 
 
