@@ -67,11 +67,15 @@ def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time
     compiled = _engine(folder, tmp_path, device, 'compiled', prefix='compiled')
     assert compiled.policy.config()['prefix_kernels'] == 'compiled'
     assert 'prefix_kernels' not in lerobot.policy.config()  # the default's digest: as before
+    batches, vision = [], compiled.policy._compiled_images    # the demo's two cameras: one call
+    compiled.policy._compiled_images = lambda images: batches.append(len(images)) or vision(
+        images)
     compiled.snapshot('start')
     want = torch.stack([lerobot.step(o) for o in observations]).cpu()
     got = torch.stack([compiled.step(o) for o in observations]).cpu()
     worst = float((got.double() - want.double()).abs().max())
     assert worst <= BOUND, worst
+    assert batches and set(batches) == {2}, batches
     for name in ('prefix_k', 'prefix_v'):   # the prefix pass's own kernels, within rounding
         kept, theirs = (e.policy.views[name].double() for e in (compiled, lerobot))
         assert float((kept - theirs).abs().max()) <= BOUND * float(theirs.abs().max()), name

@@ -94,7 +94,7 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
             prepare_attention_masks_4d
         lerobot, model = self.lerobot, self.lerobot.model
         images, img_masks = lerobot._preprocess_images(batch)
-        embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK])
+        embs, pad, att = self._embed_prefix(images, img_masks, batch[TOKENS], batch[MASK])
         mask = prepare_attention_masks_4d(make_att_2d_masks(pad, att))
         model.paligemma_with_expert.paligemma.model.language_model.config \
             ._attn_implementation = 'eager'     # as sample_actions sets it

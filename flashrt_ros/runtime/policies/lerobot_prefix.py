@@ -31,9 +31,13 @@ the H200, at configure on CUDA); inductor's cache makes the next configure faste
 prefix_kernels 'compiled' (opt-in, the same way): the prefix pass's two heavy parts compiled
 alike, the VLM over the prefix (at this call site only: the denoising steps keep their own
 kernels) and LeRobot's embed_image (the vision tower and its projection, which only the prefix
-pass calls). The kept prefix (kind 'kv') is then no longer LeRobot's bit for bit either, and a
-capsule of the other prefix kernels is refused (config()). With 'lerobot' the prefix pass
-keeps LeRobot's kernels whatever the denoising steps run.
+pass calls). LeRobot's embed_prefix embeds the cameras one at a time; here every camera's image
+goes through the vision tower in one batch, one compiled call, and embed_prefix is handed each
+camera's features in its order (checked): its own code does the rest. The vision tower's
+matmuls are then a few large ones instead of a small one per camera (_embed_prefix). The kept
+prefix (kind 'kv') is then no longer LeRobot's bit for bit either, and a capsule of the other
+prefix kernels is refused (config()). With 'lerobot' the prefix pass keeps LeRobot's kernels
+whatever the denoising steps run.
 '''
 
 import torch
@@ -80,6 +84,8 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
     checkpoint_options = ('denoise_kernels', 'prefix_kernels')
     denoise_kernels = prefix_kernels = 'lerobot'
     _compiled_vlm = None    # the VLM's forward for the prefix pass, when compiled
+    _compiled_images = None     # the VLM's embed_image, when compiled
+    _camera_features = ()   # (image, its features) for the embed_image calls of one pass
 
     def use_kernels(self, denoise, prefix):
         '''The kernels of the denoising steps and of the prefix pass (the module's note);
@@ -91,7 +97,41 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         if prefix == 'compiled':
             vlm = self._vlm()
             self._compiled_vlm = compiled(vlm.forward)
-            vlm.embed_image = compiled(vlm.embed_image)
+            self._compiled_images = compiled(vlm.embed_image)
+            vlm.embed_image = self._embed_image
+
+    def _embed_prefix(self, images, *args, **kwargs):
+        '''LeRobot's embed_prefix(images, ...); with prefix_kernels 'compiled' every
+        camera's image through the vision tower at once where they have one shape (the
+        module's note).'''
+        embed_prefix = self.lerobot.model.embed_prefix
+        if self._compiled_images is None or len(images) < 2 or \
+                len({image.shape for image in images}) > 1:
+            return embed_prefix(images, *args, **kwargs)
+        features = self._compiled_images(torch.cat(images))     # [cameras x B, tokens, dim]
+        self._camera_features = list(zip(images, features.split(len(images[0]))))
+        try:
+            out = embed_prefix(images, *args, **kwargs)
+            if self._camera_features:
+                left = len(self._camera_features)
+                raise RuntimeError(f'LeRobot\'s embed_prefix embedded {len(images) - left} '
+                                   f'of {len(images)} cameras: not the prefix pass this policy '
+                                   'knows')
+            return out
+        finally:
+            self._camera_features = ()
+
+    def _embed_image(self, image):
+        '''The VLM's embed_image with prefix_kernels 'compiled': the features of this image
+        from the batch _embed_prefix computed, each camera's in LeRobot's order; elsewhere (no
+        such pass) the compiled call on this image alone.'''
+        if not self._camera_features:
+            return self._compiled_images(image)
+        expected, features = self._camera_features.pop(0)
+        if image is not expected:
+            raise RuntimeError('LeRobot\'s embed_prefix embedded another image than the '
+                               'cameras\' in their order: not the prefix pass this policy knows')
+        return features
 
     def _run(self, graph):
         '''As LeRobotChunkPolicy._run; with compiled kernels, a graph run eagerly (the CPU)

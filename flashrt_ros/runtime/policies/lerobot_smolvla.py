@@ -80,11 +80,10 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
         prefix pad mask). record: with transformers' own patch position ids, recorded (the
         first pass).'''
         from lerobot.policies.smolvla.modeling_smolvla import make_att_2d_masks
-        model = self.lerobot.model
         images, img_masks = self.lerobot.prepare_images(batch)
         state = self.lerobot.prepare_state(batch)
         with self._recorded_positions() if record else self._fixed_positions():
-            embs, pad, att = model.embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
+            embs, pad, att = self._embed_prefix(images, img_masks, batch[TOKENS], batch[MASK],
                                                 state=state)
         fill = {'fill_kv_cache': True} if self._dict_cache else {}
         _, kv = self._prefix_forward()(
@@ -150,14 +149,18 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
         operations) with the recorded position ids: transformers derives them from the patch
         mask with host-synchronising ops (torch.arange of a device count, boolean indexing)
         that a CUDA graph cannot hold, and for the full mask embed_image always passes they
-        depend on the image shape only.'''
+        depend on the image shape only: each image of a batch has the ids of one image of its
+        shape (prefix_kernels 'compiled' embeds the cameras in one batch).'''
         emb = self._vision_embeddings()
         ids = {s: getattr(self, f'_vision_positions_{i}')
                for i, s in enumerate(self._position_shapes)}
 
         def forward(pixel_values, patch_attention_mask):
             patches = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
-            return patches + emb.position_embedding(ids[tuple(pixel_values.shape)])
+            shape = tuple(pixel_values.shape)
+            positions = ids[shape] if shape in ids else \
+                ids[(1, *shape[1:])].expand(shape[0], -1)
+            return patches + emb.position_embedding(positions)
         emb.forward = forward
         try:
             yield
