@@ -64,12 +64,14 @@ def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time
         folder, tmp_path, device):
     observations = vectors(folder, frames(2 * STEPS + 3, seed=5))
     lerobot = _engine(folder, tmp_path, device, 'lerobot')
-    compiled = _engine(folder, tmp_path, device, 'compiled', prefix='compiled')
+    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED, denoise_kernels='compiled',
+                                                prefix_kernels='compiled')
+    batches, vision = [], policy._compiled_images   # the demo's two cameras: in one call (at
+    policy._compiled_images = lambda images: batches.append(len(images)) or vision(images)
+    compiled = PolicyEngine(policy, device=device,  # the capture on CUDA, every chunk on the CPU)
+                            capsule_dir=str(tmp_path / 'capsules'))
     assert compiled.policy.config()['prefix_kernels'] == 'compiled'
     assert 'prefix_kernels' not in lerobot.policy.config()  # the default's digest: as before
-    batches, vision = [], compiled.policy._compiled_images    # the demo's two cameras: one call
-    compiled.policy._compiled_images = lambda images: batches.append(len(images)) or vision(
-        images)
     compiled.snapshot('start')
     want = torch.stack([lerobot.step(o) for o in observations]).cpu()
     got = torch.stack([compiled.step(o) for o in observations]).cpu()
