@@ -138,3 +138,21 @@ def test_unknown_kernels_and_real_time_chunking_are_refused_before_anything_chan
                                **{option: 'compiled'})
     assert model.model.denoise_step == step     # not compiled
     assert 'embed_image' not in vars(model.model.vlm_with_expert)     # nor its prefix pass
+
+
+def test_a_prefix_pass_that_skips_a_camera_is_an_error(folder):
+    """The cameras embedded in one batch are handed to LeRobot's embed_prefix in its order: an
+    embed_prefix that embeds another image, or fewer of them, raises instead of running on
+    features of the wrong camera, and leaves no features behind for the next pass."""
+    policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED, prefix_kernels='compiled')
+    vlm = policy._vlm()
+    images = [torch.rand(1, 3, 64, 64), torch.rand(1, 3, 64, 64)]
+    model = policy.lerobot.model
+    for embedded in (images[:1], images[::-1]):
+        model.embed_prefix = lambda images, embedded=embedded: [
+            vlm.embed_image(image) for image in embedded]
+        with pytest.raises(RuntimeError, match='embed_prefix embedded'):
+            with policy._fixed_positions():
+                policy._embed_prefix(images)
+        assert policy._camera_features == ()
+    del model.embed_prefix
