@@ -35,7 +35,8 @@ from .timing import interleaved, stats, wall
 
 # --denoise-kernels values: (denoise_kernels, prefix_kernels)
 KERNELS = {'lerobot': ('lerobot', 'lerobot'), 'compiled': ('compiled', 'lerobot'),
-           'compiled+prefix': ('compiled', 'compiled')}
+           'compiled+prefix': ('compiled', 'compiled'), 'fused': ('fused', 'lerobot'),
+           'fused+prefix': ('fused', 'compiled')}     # fused: pi05 only
 CONFIGS = {'smoke': {'iters': 3, 'warmup': 1}, 'cpu': {'iters': 30, 'warmup': 3},
            'gpu': {'iters': 50, 'warmup': 5}}
 

@@ -163,8 +163,10 @@ class FlowMatchingConfig(LeRobotConfig):
         'lerobot', "smolvla, pi0, pi05: the denoising steps' kernels. lerobot: LeRobot's "
         "(its actions bit for bit); compiled: torch.compile's fused kernels in its "
         "deterministic mode, a faster chunk whose actions are off LeRobot's by rounding "
-        '(the README measures how far), the first chunk compiling for about a minute',
-        choices=('lerobot', 'compiled'))
+        '(the README measures how far), the first chunk compiling for about a minute; '
+        "fused (pi05 only): the action expert's step of our own (precomputed time "
+        'conditioning, one attention kernel, merged projections), compiled alike, faster '
+        'again, off LeRobot\'s by rounding', choices=('lerobot', 'compiled', 'fused'))
     prefix_kernels: str = param(
         'lerobot', "smolvla, pi0, pi05: the prefix pass's kernels (the VLM over the cameras "
         "and the instruction, the vision tower), as denoise_kernels: lerobot (LeRobot's) "

@@ -66,6 +66,11 @@ def pi0(seed=0, kind='pi0', **options):
     with torch.random.fork_rng(), small_sizes():
         torch.manual_seed(seed)
         policy = Policy(config).eval()
+        # LeRobot zeroes the AdaRMS norms' condition weights (the time step changes nothing
+        # until trained): random ones here, so that each step's conditioning counts
+        for name, weight in policy.named_parameters():
+            if name.endswith('layernorm.dense.weight') or name.endswith('norm.dense.weight'):
+                weight.data.normal_(0.0, 0.05)
     gen = torch.Generator().manual_seed(seed + 1)
     stats = {}
     for key, dim in (('observation.state', STATE_DIM), ('action', ACT_DIM)):

@@ -37,8 +37,9 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_prefix import check_kernels
+from .lerobot_prefix import check_kernels, compiled, FUSED
 from .lerobot_rtc import RealTimeChunkPolicy
+from .pi05_expert import FusedPi05Expert
 
 
 class Pi0ChunkPolicy(RealTimeChunkPolicy):
@@ -84,6 +85,13 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
     def config(self):
         return {**super().config(), 'vision_dtype': self.vision_dtype}
 
+    def capture(self, enabled):
+        # denoise_kernels 'fused': the expert's own step, built on the policy's device (its
+        # time conditioning is computed there, once)
+        if self.denoise_kernels == FUSED:
+            self._fused = FusedPi05Expert(self.lerobot.model, compiled)
+        super().capture(enabled)
+
     def _vlm(self):
         return self.lerobot.model.paligemma_with_expert
 
@@ -108,6 +116,10 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         static prefix, from the session's noise; then select_action's first n_action_steps,
         unnormalised.'''
         from lerobot.policies.common.flow_matching import euler_integrate
+        if self.denoise_kernels == FUSED:
+            c = self._cache
+            return self._chunk_outputs(self._fused.sample(
+                self.noise(self._chunk_rng), c['prefix_k'], c['prefix_v'], c['prefix_pad']))
         model, kv, pad = self.lerobot.model, self._dynamic_cache(), self._cache['prefix_pad']
         state = {'state': self.lerobot.prepare_state(batch)} if self.state_input else {}
         actions = euler_integrate(

@@ -49,23 +49,28 @@ from .lerobot_chunk import LanguageChunkPolicy
 
 PREFIX = ('prefix_k', 'prefix_v', 'prefix_pad')     # the static buffers both graphs read
 KERNELS = ('lerobot', 'compiled')
+FUSED = 'fused'     # denoise_kernels: Pi0.5's steps on a computation of our own (pi05_expert.py)
 
 
 def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1):
     '''InvalidConfig for denoise_kernels / prefix_kernels values that cannot work (before
     anything changes).'''
+    if denoise == FUSED and kind != 'pi05':
+        raise InvalidConfig(f'{kind}: denoise_kernels fused is Pi0.5\'s only (its action '
+                            'expert, pi05_expert.py); lerobot or compiled here')
     for option, kernels in (('denoise_kernels', denoise), ('prefix_kernels', prefix)):
-        if kernels not in KERNELS:
+        if kernels not in KERNELS and not (option == 'denoise_kernels' and kernels == FUSED):
             raise InvalidConfig(f'{kind}: {option} {kernels!r}: lerobot (LeRobot\'s own) or '
-                                'compiled (torch.compile\'s fused kernels)')
-        if kernels == 'compiled':
+                                'compiled (torch.compile\'s fused kernels)' +
+                                (', or fused (pi05)' if option == 'denoise_kernels' else ''))
+        if kernels in ('compiled', FUSED):
             import torch._inductor.config as inductor
             if not hasattr(inductor, 'deterministic'):
                 raise InvalidConfig(f'{kind}: {option} compiled needs inductor\'s '
                                     f'deterministic mode (torch >= 2.10; this is '
                                     f'{torch.__version__})')
             if rtc_delay >= 0:      # RTC differentiates through the step: not measured yet
-                raise InvalidConfig(f'{kind}: {option} compiled with real-time chunking '
+                raise InvalidConfig(f'{kind}: {option} {kernels} with real-time chunking '
                                     '(rtc_delay) is not supported yet')
 
 
@@ -138,7 +143,7 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         compiles at its first run and must never compile again: a recompile would run other
         kernels, and past dynamo's limit LeRobot's own, changing the actions without a word.
         So it is an error instead (torch._dynamo's error_on_recompile).'''
-        if 'compiled' not in (self.denoise_kernels, self.prefix_kernels) or graph.captured:
+        if self.denoise_kernels == self.prefix_kernels == 'lerobot' or graph.captured:
             return super()._run(graph)
         if id(graph) not in self._compiled_ran:
             self._compiled_ran.add(id(graph))
