@@ -11,9 +11,10 @@ step, or not in so many pieces:
 - The prefix cache. LeRobot concatenates the prefix's keys and values with the step's in every
   layer of every step; here they sit in one static buffer per layer, the prefix copied in once
   a chunk and each step writing its own 50 rows after it.
-- Attention. LeRobot's eager attention (a matmul, the mask added, a float32 softmax, a matmul)
-  becomes one scaled_dot_product_attention over that buffer, the query heads that share a key
-  head folded into its rows (the model has one: every head reads the same keys).
+- Attention. LeRobot's eager attention repeats the one key head for each of the 8 query heads
+  and multiplies head by head; here the query heads that share a key head are rows of one
+  matrix (the model has one key head: every head reads the same keys), so each side of the
+  float32 softmax is one GEMM over that buffer.
 - The projections. q, k and v are one GEMM over their concatenated weights, and so are the
   MLP's gate and up (weights copied once: about 400 MB at the published sizes).
 
@@ -105,10 +106,14 @@ class FusedPi05Expert:
             q = q * cos + _rotate_half(q) * sin
             keys[i, :, :, prefix:] = k * cos + _rotate_half(k) * sin
             values[i, :, :, prefix:] = v.view(1, c, self.kv_heads, d).transpose(1, 2)
-            # the query heads of one key head as rows of one: [1, kv heads, groups x c, d]
-            out = F.scaled_dot_product_attention(
-                q.reshape(1, self.kv_heads, groups * c, d), keys[i], values[i],
-                attn_mask=mask, scale=self.scaling)
+            # LeRobot's eager attention with the query heads of one key head as rows of one
+            # ([1, kv heads, groups x c, d]): one GEMM each side of the softmax, all of the
+            # GPU busy (scaled_dot_product_attention gave these 400 rows a handful of blocks:
+            # 3 ms a chunk slower on the H100)
+            scores = torch.matmul(q.reshape(1, self.kv_heads, groups * c, d),
+                                  keys[i].transpose(2, 3)) * self.scaling + mask
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(weights, values[i])
             out = out.view(1, self.heads, c, d).transpose(1, 2).reshape(1, c, self.heads * d)
             h = h + F.linear(out, w['o']) * gate
             y, gate = self._norm(h, mods[2 * i + 1])
@@ -128,13 +133,15 @@ class FusedPi05Expert:
             self._values = prefix_v.new_zeros(shape)
         self._keys[:, :, :, :prefix].copy_(prefix_k)
         self._values[:, :, :, :prefix].copy_(prefix_v)
-        # denoise_step's positions (after the prefix's valid tokens) and mask (every valid
-        # prefix token and every action token, for every action token)
+        # denoise_step's positions (after the prefix's valid tokens) and additive mask (every
+        # valid prefix token and every action token, for every action token)
+        from lerobot.policies.common.vla_utils import prepare_attention_masks_4d
         device = prefix_pad.device
         positions = prefix_pad.sum(dim=-1, keepdim=True) + torch.arange(c, device=device)
         cos, sin = self.rotary(self._keys.new_zeros(1, c, 1), positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        mask = torch.cat([prefix_pad, prefix_pad.new_ones(1, c)], dim=1)[:, None, None, :]
+        mask = prepare_attention_masks_4d(
+            torch.cat([prefix_pad, prefix_pad.new_ones(1, c)], dim=1)[:, None, :])
         x_t, dt = noise, -1.0 / self.num_steps
         for mods in self.modulation:
             x_t = x_t + dt * self._step_fn(x_t, mods, cos, sin, self._keys, self._values, mask)
