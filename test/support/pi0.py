@@ -69,7 +69,7 @@ def pi0(seed=0, kind='pi0', **options):
         # LeRobot zeroes the AdaRMS norms' condition weights (the time step changes nothing
         # until trained): random ones here, so that each step's conditioning counts
         for name, weight in policy.named_parameters():
-            if name.endswith('layernorm.dense.weight') or name.endswith('norm.dense.weight'):
+            if name.endswith('norm.dense.weight'):
                 weight.data.normal_(0.0, 0.05)
     gen = torch.Generator().manual_seed(seed + 1)
     stats = {}
