@@ -36,7 +36,7 @@ from .timing import interleaved, stats, wall
 # --denoise-kernels values: (denoise_kernels, prefix_kernels)
 KERNELS = {'lerobot': ('lerobot', 'lerobot'), 'compiled': ('compiled', 'lerobot'),
            'compiled+prefix': ('compiled', 'compiled'), 'fused': ('fused', 'lerobot'),
-           'fused+prefix': ('fused', 'compiled')}     # fused: pi05 only
+           'fused+prefix': ('fused', 'compiled')}     # fused: pi05 and smolvla
 CONFIGS = {'smoke': {'iters': 3, 'warmup': 1}, 'cpu': {'iters': 30, 'warmup': 3},
            'gpu': {'iters': 50, 'warmup': 5}}
 
@@ -126,7 +126,7 @@ def run(device, kind, size, cfg, tmp, checks, vlm_dtype, kernels='lerobot', expe
         check(checks, f'{name}: the engine equals LeRobot\'s pipeline{cast} bit for bit '
               f'({steps} steps; max |diff| {worst:.3g})',
               all(torch.equal(a, b) for a, b in zip(got, want)))
-    elif kernels == 'compiled+prefix':  # the bfloat16 VLM's own kernels: its rounding
+    elif kernels.endswith('+prefix'):   # the bfloat16 VLM's own kernels: its rounding
         scale = max(float(b.abs().max()) for b in want)
         check(checks, f'{name}: the engine is within 1 % of the actions\' scale of LeRobot\'s '
               f'pipeline{" (its expert cast the same way)" if own is not None else ""} '
@@ -273,7 +273,8 @@ def main(argv=None):
     ap.add_argument('--vlm-dtype', default='float32', choices=('float32', 'bfloat16'))
     ap.add_argument('--denoise-kernels', default='lerobot',
                     help="SmolVLA: comma list of 'lerobot', 'compiled' (the denoising steps), "
-                    "'compiled+prefix' (and the prefix pass) (a row each)")
+                    "'compiled+prefix' (and the prefix pass), 'fused', 'fused+prefix' (the "
+                    "expert's steps of our own) (a row each)")
     ap.add_argument('--expert-dtype', default='float32',
                     help="SmolVLA: comma list of 'float32', 'bfloat16' (a row each)")
     ap.add_argument('--out', default='')

@@ -9,6 +9,8 @@ torch.profiler), for a chunk and for a pop, with the observation on the host and
         > benchmarks/results/<date>-<device>-vla-profile.txt
     python -m benchmarks.vla_profile --policies pi05 --kernels compiled+prefix \
         --vision bfloat16 --rows 30     # Pi0 / Pi0.5 with the opt-in kernels
+    python -m benchmarks.vla_profile --policies smolvla --sizes aloha \
+        --kernels compiled+prefix --expert-dtype bfloat16     # SmolVLA alike
 """
 import argparse
 import tempfile
@@ -40,14 +42,20 @@ def _kernels(fn, rows=14):
                                     max_name_column_width=60))
 
 
-def smolvla(device):
-    for dtype in (torch.float32, torch.bfloat16):
+def smolvla(device, size='published', kernels='lerobot', expert='float32', rows=14):
+    """SmolVLA with the VLM in float32 and in bfloat16 (LeRobot's kernels at the published
+    sizes), or in bfloat16 alone with other kernels, sizes or expert dtype: its chunk graph,
+    the denoising steps' graph alone, and each part's kernels."""
+    dtypes = (torch.float32, torch.bfloat16) if (size, kernels, expert) == (
+        'published', 'lerobot', 'float32') else (torch.bfloat16,)
+    for dtype in dtypes:
         with tempfile.TemporaryDirectory() as tmp:
-            _, _, _, policy, _ = vla._models('smolvla', 'published', device, tmp, dtype)
+            _, _, _, policy, _ = vla._models('smolvla', size, device, tmp, dtype, kernels,
+                                             expert)
             policy.capture(True)
             policy._chunk_obs.uniform_()
-            print('smolvla', dtype, 'graph replay ms', _replay_ms(policy._chunk_graph))
-            _kernels(policy._chunk_fn)
+            _report(f'smolvla {size}, VLM {dtype}, expert {expert}, {kernels} kernels',
+                    policy, rows)
 
 
 def pi0(device, kind, kernels='lerobot', vision='float32', rows=14):
@@ -61,15 +69,18 @@ def pi0(device, kind, kernels='lerobot', vision='float32', rows=14):
     policy.capture(True)
     policy._chunk_obs.uniform_()
     policy._chunk_obs[-2 * policy.tokens:] = 1       # valid token ids and mask
+    _report(f'{kind} bfloat16, vision {vision}, {kernels} kernels', policy, rows)
+
+
+def _report(name, policy, rows):
     whole, denoise = _replay_ms(policy._chunk_graph), _replay_ms(policy._denoise_graph)
-    print(f'{kind} bfloat16, vision {vision}, {kernels} kernels: whole chunk graph '
-          f'{whole:.1f} ms, denoising steps alone {denoise:.1f} ms, so the prefix pass about '
-          f'{whole - denoise:.1f} ms')
+    print(f'{name}: whole chunk graph {whole:.1f} ms, denoising steps alone {denoise:.1f} ms, '
+          f'so the prefix pass about {whole - denoise:.1f} ms')
     batch = policy._inputs(policy._chunk_obs)
     # outside a graph, as the graphs' kernels (compiled code runs its own kernels either way)
-    print(f'{kind}: the prefix pass, eager')
+    print(f'{name}: the prefix pass, eager')
     _kernels(lambda: policy._prefix(batch), rows)
-    print(f'{kind}: the denoising steps, eager')
+    print(f'{name}: the denoising steps, eager')
     _kernels(lambda: policy._denoise(batch), rows)
 
 
@@ -142,7 +153,9 @@ def call(device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--policies', default='smolvla')
-    ap.add_argument('--kernels', default='lerobot', help='Pi0 / Pi0.5: ' + ', '.join(vla.KERNELS))
+    ap.add_argument('--kernels', default='lerobot', help=', '.join(vla.KERNELS))
+    ap.add_argument('--sizes', default='published', help='SmolVLA: benchmarks.vla\'s sizes')
+    ap.add_argument('--expert-dtype', default='float32', help='SmolVLA: expert_dtype')
     ap.add_argument('--vision', default='float32', help='Pi0 / Pi0.5: vision_dtype')
     ap.add_argument('--rows', type=int, default=14, help='kernel rows in each table')
     args = ap.parse_args()
@@ -151,8 +164,12 @@ def main():
     for name in args.policies.split(','):
         if name in ('pi0', 'pi05'):
             pi0(device, name, args.kernels, args.vision, args.rows)
+        elif name == 'smolvla':
+            smolvla(device, args.sizes, args.kernels, args.expert_dtype, args.rows)
+        elif name == 'call':
+            call(device)
         else:
-            {'smolvla': smolvla, 'call': call}[name](device)
+            raise SystemExit(f'unknown policy {name!r}')
         torch.cuda.empty_cache()
 
 

@@ -164,9 +164,10 @@ class FlowMatchingConfig(LeRobotConfig):
         "(its actions bit for bit); compiled: torch.compile's fused kernels in its "
         "deterministic mode, a faster chunk whose actions are off LeRobot's by rounding "
         '(the README measures how far), the first chunk compiling for about a minute; '
-        "fused (pi05 only): the action expert's step of our own (precomputed time "
-        'conditioning, one attention kernel, merged projections), compiled alike, faster '
-        'again, off LeRobot\'s by rounding', choices=('lerobot', 'compiled', 'fused'))
+        "fused (smolvla, pi05): the action expert's step of our own (what depends on the "
+        'time or the prefix alone computed once, attention over a static cache, merged '
+        'projections), compiled alike, faster again, off LeRobot\'s by rounding',
+        choices=('lerobot', 'compiled', 'fused'))
     prefix_kernels: str = param(
         'lerobot', "smolvla, pi0, pi05: the prefix pass's kernels (the VLM over the cameras "
         "and the instruction, the vision tower), as denoise_kernels: lerobot (LeRobot's) "

@@ -1,5 +1,6 @@
 """denoise_kernels and prefix_kernels 'compiled' (runtime/policies/lerobot_prefix.py):
-SmolVLA's denoising steps, and its prefix pass, compiled by torch.compile. The actions are
+SmolVLA's denoising steps, and its prefix pass, compiled by torch.compile; denoise_kernels
+'fused' (smolvla_expert.py): the expert's steps of our own, compiled alike. The actions are
 LeRobot's within float rounding (not bit for bit: other kernels); with the denoising steps
 alone compiled the kept prefix is LeRobot's bit for bit; either is exact every time: a capsule
 mid-chunk replays the same actions 8 times, and a fresh process that compiles again gives the
@@ -12,6 +13,7 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import IncompatibleCapsule, InvalidConfig  # noqa: E402
+from flashrt_ros.runtime.policies import lerobot_smolvla  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
 from support.prefix import (check_replays_here_and_in_a_fresh_process,  # noqa: E402
                             check_restarts_reuse_the_prefix)
@@ -30,19 +32,20 @@ def folder(tmp_path_factory):
                       tmp_path_factory.mktemp('checkpoint'))
 
 
-def _engine(folder, tmp_path, device, kernels, prefix='lerobot'):
+def _engine(folder, tmp_path, device, kernels, prefix='lerobot', expert='float32'):
     policy = SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED, denoise_kernels=kernels,
-                                                prefix_kernels=prefix)
+                                                prefix_kernels=prefix, expert_dtype=expert)
     return PolicyEngine(policy, device=device, capsule_dir=str(tmp_path / 'capsules'))
 
 
+@pytest.mark.parametrize('kernels', ['compiled', 'fused'])
 @pytest.mark.parametrize('device', DEVICES)
 def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
-        folder, tmp_path, device):
+        folder, tmp_path, device, kernels):
     observations = vectors(folder, frames(2 * STEPS + 3, seed=4))
     lerobot = _engine(folder, tmp_path, device, 'lerobot')
-    compiled = _engine(folder, tmp_path, device, 'compiled')
-    assert compiled.policy.config()['denoise_kernels'] == 'compiled'
+    compiled = _engine(folder, tmp_path, device, kernels)
+    assert compiled.policy.config()['denoise_kernels'] == kernels
     want = torch.stack([lerobot.step(o) for o in observations]).cpu()
     got = torch.stack([compiled.step(o) for o in observations]).cpu()
     worst = float((got.double() - want.double()).abs().max())
@@ -55,8 +58,25 @@ def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
     check_replays_here_and_in_a_fresh_process(
         compiled, observations[:STEPS + 2], observations[STEPS + 2:],
         'from test_lerobot_compiled import _engine\n'
-        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r}, "compiled")',
+        f'e = _engine({folder!r}, pathlib.Path({str(tmp_path)!r}), {device!r}, {kernels!r})',
         tmp_path)
+
+
+@pytest.mark.parametrize('expert', ['float32', 'bfloat16'])
+def test_the_fused_steps_run_eagerly_are_lerobots_bit_for_bit(folder, tmp_path, monkeypatch,
+                                                              expert):
+    """The fused steps (smolvla_expert.py) are LeRobot's arithmetic rearranged, not another
+    one: run eagerly on the CPU (their compile left out), the actions over three chunks are
+    LeRobot's bit for bit, with the expert in either dtype; so what the compiled ones differ
+    by is the compiler's rounding."""
+    monkeypatch.setattr(lerobot_smolvla, 'compiled', lambda fn: fn)
+    observations = vectors(folder, frames(2 * STEPS + 3, seed=8))
+    lerobot = _engine(folder, tmp_path, 'cpu', 'lerobot', expert=expert)
+    fused = _engine(folder, tmp_path, 'cpu', 'fused', expert=expert)
+    assert fused.policy.config()['expert_dtype'] == expert
+    for o in observations:
+        want, got = lerobot.step(o), fused.step(o)
+        assert torch.equal(got, want), float((got - want).abs().max())
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -132,10 +152,11 @@ def test_unknown_kernels_and_real_time_chunking_are_refused_before_anything_chan
         SmolVLAChunkPolicy(model, stats={}, denoise_kernels='triton')
     with pytest.raises(InvalidConfig, match="prefix_kernels 'fast'"):
         SmolVLAChunkPolicy(model, stats={}, prefix_kernels='fast')
-    for option in ('denoise_kernels', 'prefix_kernels'):
-        with pytest.raises(InvalidConfig, match=f'{option} compiled with real-time chunking'):
+    for option, kernels in (('denoise_kernels', 'compiled'), ('denoise_kernels', 'fused'),
+                            ('prefix_kernels', 'compiled')):
+        with pytest.raises(InvalidConfig, match=f'{option} {kernels} with real-time chunking'):
             SmolVLAChunkPolicy(model, stats={}, rtc_delay=2, rtc_queue_threshold=3,
-                               **{option: 'compiled'})
+                               **{option: kernels})
     assert model.model.denoise_step == step     # not compiled
     assert 'embed_image' not in vars(model.model.vlm_with_expert)     # nor its prefix pass
 

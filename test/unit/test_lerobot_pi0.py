@@ -111,12 +111,18 @@ def test_compiled_denoising_is_lerobots_within_rounding_and_exact_every_time(
     process of its own: inductor's graphs of one kind held 9-11 GB on the CPU, and the two
     kinds in one process ran a 24 GB machine out of memory (torch._dynamo.reset() did not
     give it back)."""
+    _check_compiled_apart(tmp_path, model[0].config.type, device, prefix)
+
+
+def _check_compiled_apart(tmp_path, *args):
+    """_check_compiled(kind, device, tmp_path, prefix, ...) in a process of its own."""
     import subprocess
     import sys
+    kind, device, *rest = args
     script = (f'import sys, pathlib; sys.path[:0] = {sys.path!r}\n'
               'from test_lerobot_pi0 import _check_compiled\n'
-              f'_check_compiled({model[0].config.type!r}, {device!r}, '
-              f'pathlib.Path({str(tmp_path)!r}), {prefix!r})')
+              f'_check_compiled({kind!r}, {device!r}, pathlib.Path({str(tmp_path)!r}), '
+              f'{", ".join(repr(a) for a in rest)})')
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
                          cwd=str(tmp_path), timeout=1200)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -159,20 +165,12 @@ def _check_compiled(kind, device, tmp_path, prefix, denoise='compiled', dtype='f
 def test_fused_denoising_is_lerobots_within_rounding_and_exact_every_time(
         tmp_path, device, dtype):
     """denoise_kernels 'fused' (pi05_expert.py: Pi0.5's expert step of our own, its time
-    conditioning computed once, one attention call over a static cache): the actions within
+    conditioning computed once, attention over a static cache): the actions within
     rounding of LeRobot's (float32 1e-4; bfloat16, the dtype Pi0.5 ships in, 0.03 on actions
     of O(1)) with every step's AdaRMS conditioning in play (support/pi0.py), the kept prefix
     LeRobot's bit for bit, a capsule mid-chunk replayed 8 times and a fresh process that
     compiles again: the same bits. In a process of its own, as the compiled test."""
-    import subprocess
-    import sys
-    script = (f'import sys, pathlib; sys.path[:0] = {sys.path!r}\n'
-              'from test_lerobot_pi0 import _check_compiled\n'
-              f'_check_compiled(\'pi05\', {device!r}, pathlib.Path({str(tmp_path)!r}), '
-              f'\'lerobot\', \'fused\', {dtype!r})')
-    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=1200)
-    assert out.returncode == 0, out.stderr[-4000:]
+    _check_compiled_apart(tmp_path, 'pi05', device, 'lerobot', 'fused', dtype)
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -317,7 +315,7 @@ def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):
     policy, stats = model
     cls = CLASSES[policy.config.type]
     if cls.kind == 'pi0':
-        with pytest.raises(InvalidConfig, match='fused is Pi0.5'):
+        with pytest.raises(InvalidConfig, match='fused is for pi05 and smolvla'):
             cls(policy, stats=stats, denoise_kernels='fused')
     else:
         with pytest.raises(InvalidConfig, match='fused with real-time chunking'):

@@ -85,12 +85,8 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
     def config(self):
         return {**super().config(), 'vision_dtype': self.vision_dtype}
 
-    def capture(self, enabled):
-        # denoise_kernels 'fused': the expert's own step, built on the policy's device (its
-        # time conditioning is computed there, once)
-        if self.denoise_kernels == FUSED:
-            self._fused = FusedPi05Expert(self.lerobot.model, compiled)
-        super().capture(enabled)
+    def fused_expert(self):
+        return FusedPi05Expert(self.lerobot.model, compiled)
 
     def _vlm(self):
         return self.lerobot.model.paligemma_with_expert
@@ -117,9 +113,7 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         unnormalised.'''
         from lerobot.policies.common.flow_matching import euler_integrate
         if self.denoise_kernels == FUSED:
-            c = self._cache
-            return self._chunk_outputs(self._fused.sample(
-                self.noise(self._chunk_rng), c['prefix_k'], c['prefix_v'], c['prefix_pad']))
+            return self._fused_chunk()
         model, kv, pad = self.lerobot.model, self._dynamic_cache(), self._cache['prefix_pad']
         state = {'state': self.lerobot.prepare_state(batch)} if self.state_input else {}
         actions = euler_integrate(

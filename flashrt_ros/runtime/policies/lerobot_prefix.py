@@ -49,24 +49,27 @@ from .lerobot_chunk import LanguageChunkPolicy
 
 PREFIX = ('prefix_k', 'prefix_v', 'prefix_pad')     # the static buffers both graphs read
 KERNELS = ('lerobot', 'compiled')
-FUSED = 'fused'     # denoise_kernels: Pi0.5's steps on a computation of our own (pi05_expert.py)
+# denoise_kernels: the expert's steps on a computation of our own (pi05_expert.py,
+# smolvla_expert.py), for these kinds
+FUSED, FUSED_KINDS = 'fused', ('pi05', 'smolvla')
 
 
 def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1):
     '''InvalidConfig for denoise_kernels / prefix_kernels values that cannot work (before
     anything changes).'''
-    if denoise == FUSED and kind != 'pi05':
-        raise InvalidConfig(f'{kind}: denoise_kernels fused is Pi0.5\'s only (its action '
-                            'expert, pi05_expert.py); lerobot or compiled here')
+    if denoise == FUSED and kind not in FUSED_KINDS:
+        raise InvalidConfig(f'{kind}: denoise_kernels fused is for ' + ' and '.join(FUSED_KINDS) +
+                            ' (their action experts); lerobot or compiled here')
     for option, kernels in (('denoise_kernels', denoise), ('prefix_kernels', prefix)):
         if kernels not in KERNELS and not (option == 'denoise_kernels' and kernels == FUSED):
             raise InvalidConfig(f'{kind}: {option} {kernels!r}: lerobot (LeRobot\'s own) or '
                                 'compiled (torch.compile\'s fused kernels)' +
-                                (', or fused (pi05)' if option == 'denoise_kernels' else ''))
+                                (', or fused (' + ', '.join(FUSED_KINDS) + ')'
+                                 if option == 'denoise_kernels' else ''))
         if kernels in ('compiled', FUSED):
             import torch._inductor.config as inductor
             if not hasattr(inductor, 'deterministic'):
-                raise InvalidConfig(f'{kind}: {option} compiled needs inductor\'s '
+                raise InvalidConfig(f'{kind}: {option} {kernels} needs inductor\'s '
                                     f'deterministic mode (torch >= 2.10; this is '
                                     f'{torch.__version__})')
             if rtc_delay >= 0:      # RTC differentiates through the step: not measured yet
@@ -195,6 +198,8 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
                                                  device=dev)}
         self.prefix_reused = 0      # chunks that skipped the prefix pass (benchmarks, tests)
         self._compiled_ran = set()  # new graphs (_run): each may compile at its first run
+        if self.denoise_kernels == FUSED:   # built on the policy's device: what depends on
+            self._fused = self.fused_expert()   # the step's time alone is computed there, once
         super().capture(enabled)
         self._denoise_graph = StepGraph(self._denoise_fn, dev, enabled, host_constants=True)
 
@@ -205,6 +210,17 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         c['prefix_v'].copy_(torch.stack([v for _, v in kv]))
         c['prefix_pad'].copy_(pad)
         return {**self._denoise(batch), **c}
+
+    def fused_expert(self):
+        '''denoise_kernels 'fused': the expert's steps of our own, with a sample(noise,
+        prefix_k, prefix_v, prefix_pad) -> the chunk's actions (FUSED_KINDS define it).'''
+        raise NotImplementedError
+
+    def _fused_chunk(self):
+        '''The chunk's outputs from the fused steps, from the session's noise.'''
+        c = self._cache
+        return self._chunk_outputs(self._fused.sample(
+            self.noise(self._chunk_rng), c['prefix_k'], c['prefix_v'], c['prefix_pad']))
 
     @torch.no_grad()
     def _denoise_fn(self):

@@ -21,8 +21,9 @@ import torch
 
 from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
-from .lerobot_prefix import check_kernels
+from .lerobot_prefix import check_kernels, compiled, FUSED
 from .lerobot_rtc import RealTimeChunkPolicy
+from .smolvla_expert import FusedSmolVLAExpert
 
 
 class SmolVLAChunkPolicy(RealTimeChunkPolicy):
@@ -93,9 +94,14 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
             return [(kv[i]['key_states'], kv[i]['value_states']) for i in range(len(kv))], pad
         return [(layer.keys, layer.values) for layer in kv.layers], pad
 
+    def fused_expert(self):
+        return FusedSmolVLAExpert(self.lerobot.model, compiled, heads_first=not self._dict_cache)
+
     def _denoise(self, batch):
         '''LeRobot's sample_actions after the prefix pass, against the static prefix (the
         state went into the prefix).'''
+        if self.denoise_kernels == FUSED:
+            return self._fused_chunk()
         model, cfg, c = self.lerobot.model, self.lerobot.config, self._cache
         if self._dict_cache:
             kv = {i: {'key_states': c['prefix_k'][i], 'value_states': c['prefix_v'][i]}
