@@ -200,4 +200,3 @@ class FusedSmolVLAExpert:
                               masks)
             x_t = x_t + dt * v
         return x_t
-
