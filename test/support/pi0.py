@@ -67,9 +67,11 @@ def pi0(seed=0, kind='pi0', **options):
         torch.manual_seed(seed)
         policy = Policy(config).eval()
         # LeRobot zeroes the AdaRMS norms' condition weights (the time step changes nothing
-        # until trained): random ones here, so that each step's conditioning counts
+        # until trained) and Pi0's expert norms' weights (each scales by 1): random ones
+        # here, so that each step's conditioning and each norm's scale counts
         for name, weight in policy.named_parameters():
-            if name.endswith('norm.dense.weight'):
+            if name.endswith('norm.dense.weight') or (
+                    'gemma_expert' in name and name.endswith('norm.weight')):
                 weight.data.normal_(0.0, 0.05)
     gen = torch.Generator().manual_seed(seed + 1)
     stats = {}

@@ -21,6 +21,7 @@ if tuple(int(p) for p in version('lerobot').split('.')[:2]) < (0, 6):
 from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig, InvalidObservation  # noqa: E402
 from flashrt_ros.runtime.policies import gaussian_noise, Pi05ChunkPolicy, Pi0ChunkPolicy  # noqa
+from flashrt_ros.runtime.policies import lerobot_pi0  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_pi0 import vision_in_bfloat16  # noqa: E402
 from support.rtc import lerobots_rtc_actions, rtc_config  # noqa: E402
 from support.prefix import (check_a_capsule_replays, check_changed_bits_recompute,  # noqa
@@ -162,15 +163,35 @@ def _check_compiled(kind, device, tmp_path, prefix, denoise='compiled', dtype='f
 
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
 @pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('kind', sorted(CLASSES))
 def test_fused_denoising_is_lerobots_within_rounding_and_exact_every_time(
-        tmp_path, device, dtype):
-    """denoise_kernels 'fused' (pi05_expert.py: Pi0.5's expert step of our own, its time
-    conditioning computed once, attention over a static cache): the actions within
-    rounding of LeRobot's (float32 1e-4; bfloat16, the dtype Pi0.5 ships in, 0.03 on actions
-    of O(1)) with every step's AdaRMS conditioning in play (support/pi0.py), the kept prefix
-    LeRobot's bit for bit, a capsule mid-chunk replayed 8 times and a fresh process that
-    compiles again: the same bits. In a process of its own, as the compiled test."""
-    _check_compiled_apart(tmp_path, 'pi05', device, 'lerobot', 'fused', dtype)
+        tmp_path, device, dtype, kind):
+    """denoise_kernels 'fused' (pi05_expert.py: the expert's step of our own, Pi0.5's time
+    conditioning and Pi0's norm scales computed once, attention over a static cache): the
+    actions within rounding of LeRobot's (float32 1e-4; bfloat16, the dtype Pi0 and Pi0.5 ship
+    in, 0.03 on actions of O(1)), with every step's conditioning in play (support/pi0.py), the
+    kept prefix LeRobot's bit for bit, a capsule mid-chunk replayed 8 times and a fresh process
+    that compiles again: the same bits. In a process of its own, as the compiled test."""
+    _check_compiled_apart(tmp_path, kind, device, 'lerobot', 'fused', dtype)
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('kind', sorted(CLASSES))
+def test_the_fused_steps_run_eagerly_are_lerobots_bit_for_bit(tmp_path, monkeypatch, kind,
+                                                              dtype):
+    """The fused steps are LeRobot's arithmetic rearranged, not another one: run eagerly on
+    the CPU (their compile left out), Pi0's and Pi0.5's actions over three chunks are
+    LeRobot's bit for bit in either dtype, Pi0's state token and its mask included; so what
+    the compiled steps differ by is the compiler's rounding."""
+    monkeypatch.setattr(lerobot_pi0, 'compiled', lambda fn: fn)
+    policy, stats = model = pi0(kind=kind, dtype=dtype)
+    lerobot = _engine(model, 'cpu', tmp_path)
+    fused = PolicyEngine(CLASSES[kind](policy, stats=stats, seed=SEED, denoise_kernels='fused'),
+                         device='cpu', capsule_dir=str(tmp_path / 'fused'))
+    assert fused.policy.config()['denoise_kernels'] == 'fused'
+    for f in frames(2 * STEPS + 3, lerobot.policy.vocabulary, seed=3):
+        want, got = lerobot.step(vector(f)), fused.step(vector(f))
+        assert torch.equal(got, want), float((got - want).abs().max())
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -310,17 +331,13 @@ def test_real_time_chunking_equals_lerobots_loop_and_a_capsule_in_flight_replays
 
 def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):
     """Relative actions change the actions outside the model: refused at construction, as
-    are the fused denoising kernels where they do not apply (Pi0's expert, real-time
-    chunking). A token id outside the vocabulary is refused before the state moves."""
+    are the fused denoising kernels with real-time chunking (its guidance differentiates
+    through the step: not measured yet). A token id outside the vocabulary is refused before
+    the state moves."""
     policy, stats = model
     cls = CLASSES[policy.config.type]
-    if cls.kind == 'pi0':
-        with pytest.raises(InvalidConfig, match='fused is for pi05 and smolvla'):
-            cls(policy, stats=stats, denoise_kernels='fused')
-    else:
-        with pytest.raises(InvalidConfig, match='fused with real-time chunking'):
-            cls(policy, stats=stats, denoise_kernels='fused', rtc_delay=1,
-                rtc_queue_threshold=3)
+    with pytest.raises(InvalidConfig, match='fused with real-time chunking'):
+        cls(policy, stats=stats, denoise_kernels='fused', rtc_delay=1, rtc_queue_threshold=3)
     policy.config.use_relative_actions = True
     try:
         with pytest.raises(InvalidConfig, match='relative actions'):

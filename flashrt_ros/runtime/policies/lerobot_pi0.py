@@ -39,7 +39,7 @@ from ..errors import InvalidConfig
 from .lerobot_checkpoint import MASK, TOKENS
 from .lerobot_prefix import check_kernels, compiled, FUSED
 from .lerobot_rtc import RealTimeChunkPolicy
-from .pi05_expert import FusedPi05Expert
+from .pi05_expert import FusedPi05Expert, FusedPi0Expert
 
 
 class Pi0ChunkPolicy(RealTimeChunkPolicy):
@@ -48,6 +48,7 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
 
     kind = 'pi0'
     state_input = True      # sample_actions takes the padded state (Pi0.5's does not)
+    fused_class = FusedPi0Expert    # denoise_kernels 'fused'
     checkpoint_options = RealTimeChunkPolicy.checkpoint_options + ('vision_dtype',)
     computation = ('paligemma_variant', 'action_expert_variant', 'dtype', 'chunk_size',
                    'max_state_dim', 'max_action_dim', 'num_inference_steps', 'min_period',
@@ -86,7 +87,7 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         return {**super().config(), 'vision_dtype': self.vision_dtype}
 
     def fused_expert(self):
-        return FusedPi05Expert(self.lerobot.model, compiled)
+        return self.fused_class(self.lerobot.model, compiled)
 
     def _vlm(self):
         return self.lerobot.model.paligemma_with_expert
@@ -112,10 +113,10 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         static prefix, from the session's noise; then select_action's first n_action_steps,
         unnormalised.'''
         from lerobot.policies.common.flow_matching import euler_integrate
-        if self.denoise_kernels == FUSED:
-            return self._fused_chunk()
-        model, kv, pad = self.lerobot.model, self._dynamic_cache(), self._cache['prefix_pad']
         state = {'state': self.lerobot.prepare_state(batch)} if self.state_input else {}
+        if self.denoise_kernels == FUSED:
+            return self._fused_chunk(**state)
+        model, kv, pad = self.lerobot.model, self._dynamic_cache(), self._cache['prefix_pad']
         actions = euler_integrate(
             lambda x, t: model.denoise_step(prefix_pad_masks=pad, past_key_values=kv, x_t=x,
                                             timestep=t, **state),
@@ -142,3 +143,4 @@ class Pi05ChunkPolicy(Pi0ChunkPolicy):
 
     kind = 'pi05'
     state_input = False
+    fused_class = FusedPi05Expert

@@ -51,14 +51,14 @@ PREFIX = ('prefix_k', 'prefix_v', 'prefix_pad')     # the static buffers both gr
 KERNELS = ('lerobot', 'compiled')
 # denoise_kernels: the expert's steps on a computation of our own (pi05_expert.py,
 # smolvla_expert.py), for these kinds
-FUSED, FUSED_KINDS = 'fused', ('pi05', 'smolvla')
+FUSED, FUSED_KINDS = 'fused', ('pi0', 'pi05', 'smolvla')
 
 
 def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1):
     '''InvalidConfig for denoise_kernels / prefix_kernels values that cannot work (before
     anything changes).'''
     if denoise == FUSED and kind not in FUSED_KINDS:
-        raise InvalidConfig(f'{kind}: denoise_kernels fused is for ' + ' and '.join(FUSED_KINDS) +
+        raise InvalidConfig(f'{kind}: denoise_kernels fused is for ' + ', '.join(FUSED_KINDS) +
                             ' (their action experts); lerobot or compiled here')
     for option, kernels in (('denoise_kernels', denoise), ('prefix_kernels', prefix)):
         if kernels not in KERNELS and not (option == 'denoise_kernels' and kernels == FUSED):
@@ -213,14 +213,17 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
 
     def fused_expert(self):
         '''denoise_kernels 'fused': the expert's steps of our own, with a sample(noise,
-        prefix_k, prefix_v, prefix_pad) -> the chunk's actions (FUSED_KINDS define it).'''
+        prefix_k, prefix_v, prefix_pad, **inputs) -> the chunk's actions (FUSED_KINDS define
+        it).'''
         raise NotImplementedError
 
-    def _fused_chunk(self):
-        '''The chunk's outputs from the fused steps, from the session's noise.'''
+    def _fused_chunk(self, **inputs):
+        '''The chunk's outputs from the fused steps, from the session's noise (inputs: what
+        else the kind's steps read, Pi0's state).'''
         c = self._cache
         return self._chunk_outputs(self._fused.sample(
-            self.noise(self._chunk_rng), c['prefix_k'], c['prefix_v'], c['prefix_pad']))
+            self.noise(self._chunk_rng), c['prefix_k'], c['prefix_v'], c['prefix_pad'],
+            **inputs))
 
     @torch.no_grad()
     def _denoise_fn(self):
