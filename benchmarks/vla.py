@@ -36,7 +36,7 @@ from .timing import interleaved, stats, wall
 # --denoise-kernels values: (denoise_kernels, prefix_kernels)
 KERNELS = {'lerobot': ('lerobot', 'lerobot'), 'compiled': ('compiled', 'lerobot'),
            'compiled+prefix': ('compiled', 'compiled'), 'fused': ('fused', 'lerobot'),
-           'fused+prefix': ('fused', 'compiled')}     # fused: pi05 and smolvla
+           'fused+prefix': ('fused', 'compiled')}     # fused: the expert's step of our own
 CONFIGS = {'smoke': {'iters': 3, 'warmup': 1}, 'cpu': {'iters': 30, 'warmup': 3},
            'gpu': {'iters': 50, 'warmup': 5}}
 

@@ -224,8 +224,8 @@ def main(argv=None):
     ap.add_argument('--vision', default='float32',
                     help="comma list of vision_dtype values: 'float32' (LeRobot's), 'bfloat16'")
     ap.add_argument('--denoise-kernels', default='lerobot',
-                    help="comma list of 'lerobot', 'compiled', 'fused' (denoise_kernels; fused: "
-                    "pi05), 'compiled+prefix', 'fused+prefix' (and prefix_kernels)")
+                    help="comma list of 'lerobot', 'compiled', 'fused' (denoise_kernels), "
+                    "'compiled+prefix', 'fused+prefix' (and prefix_kernels)")
     ap.add_argument('--out', default='')
     ap.add_argument('--commit', default='')
     args = ap.parse_args(argv)

@@ -12,7 +12,7 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
     [denoise_kernels:=compiled|fused]  (smolvla, pi0, pi05: fused denoising kernels; fused:
-                                        smolvla's and pi05's expert step of our own, README)
+                                        the expert's step of our own, README)
     [prefix_kernels:=compiled]   (smolvla, pi0, pi05: a fused prefix pass, README)
     [expert_dtype:=bfloat16]     (smolvla: the action expert in bfloat16, README)
     [rtc_delay:=3 rtc_queue_threshold:=10 [rtc_execution_horizon:=10] [rtc_schedule:=linear]

@@ -168,7 +168,9 @@ class FusedPi05Expert:
         suffix = make_att_2d_masks(torch.ones_like(blocks), blocks)
         mask = prepare_attention_masks_4d(torch.cat(
             [prefix_pad[:, None, :].expand(1, s, prefix), suffix], dim=2))
-        mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1)
+        # one row where every row sees the same (Pi0.5), broadcast over the rows
+        mask = mask.repeat(1, 1, self.heads // self.kv_heads, 1) if self.state_token \
+            else mask[:, :, :1]
         x_t, dt = noise, -1.0 / self.num_steps
         for cond in self.conditions:
             x_t = x_t + dt * self._step_fn(x_t, cond, state, cos, sin, self._keys,
