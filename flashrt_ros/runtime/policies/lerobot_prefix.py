@@ -50,21 +50,18 @@ from .lerobot_chunk import LanguageChunkPolicy
 PREFIX = ('prefix_k', 'prefix_v', 'prefix_pad')     # the static buffers both graphs read
 KERNELS = ('lerobot', 'compiled')
 # denoise_kernels: the expert's steps on a computation of our own (pi05_expert.py,
-# smolvla_expert.py), for these kinds
-FUSED, FUSED_KINDS = 'fused', ('pi0', 'pi05', 'smolvla')
+# smolvla_expert.py; every kind here defines fused_expert)
+FUSED = 'fused'
 
 
 def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1):
     '''InvalidConfig for denoise_kernels / prefix_kernels values that cannot work (before
     anything changes).'''
-    if denoise == FUSED and kind not in FUSED_KINDS:
-        raise InvalidConfig(f'{kind}: denoise_kernels fused is for ' + ', '.join(FUSED_KINDS) +
-                            ' (their action experts); lerobot or compiled here')
     for option, kernels in (('denoise_kernels', denoise), ('prefix_kernels', prefix)):
         if kernels not in KERNELS and not (option == 'denoise_kernels' and kernels == FUSED):
             raise InvalidConfig(f'{kind}: {option} {kernels!r}: lerobot (LeRobot\'s own) or '
                                 'compiled (torch.compile\'s fused kernels)' +
-                                (', or fused (' + ', '.join(FUSED_KINDS) + ')'
+                                (', or fused (the expert\'s step of our own)'
                                  if option == 'denoise_kernels' else ''))
         if kernels in ('compiled', FUSED):
             import torch._inductor.config as inductor
@@ -213,7 +210,7 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
 
     def fused_expert(self):
         '''denoise_kernels 'fused': the expert's steps of our own, with a sample(noise,
-        prefix_k, prefix_v, prefix_pad, **inputs) -> the chunk's actions (FUSED_KINDS define
+        prefix_k, prefix_v, prefix_pad, **inputs) -> the chunk's actions (each kind defines
         it).'''
         raise NotImplementedError
 
