@@ -9,6 +9,7 @@ cost the machine an rclpy node, not a torch.
 """
 
 import datetime
+from importlib import metadata
 import os
 import pathlib
 import platform
@@ -58,7 +59,20 @@ def environment(device, mode, commit=''):
            'load_average_1m': os.getloadavg()[0],
            **project_commit(commit)}
     env['driver'] = env['driver'][0] if env['driver'] else ''
+    env.update(_libraries())
     return env
+
+
+def _libraries():
+    """The versions of the model libraries a VLA run measures against, where installed
+    (their metadata only: nothing imported)."""
+    found = {}
+    for name in ('lerobot', 'transformers'):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def device_slug(env):

@@ -25,9 +25,12 @@ def p50_p99(s):
 
 
 def environment_line(env):
-    """The report's '- date: ...' line: date, torch, CUDA, Python and the project commit."""
+    """The report's '- date: ...' line: date, torch, CUDA, Python, LeRobot and transformers
+    where installed, and the project commit."""
+    libraries = ''.join(f', {name} {env[key]}' for name, key in
+                        (('LeRobot', 'lerobot'), ('transformers', 'transformers')) if key in env)
     return (f'- date: {env["date"]}, torch {env["torch"]}, CUDA {env["cuda"] or "-"}, Python '
-            f'{env["python"]}, commit {env["git_commit"]}'
+            f'{env["python"]}{libraries}, commit {env["git_commit"]}'
             f'{" (modified)" if env["git_dirty"] else ""}')
 
 
