@@ -129,11 +129,11 @@ def run(device, kind, dtype, cfg, tmp, checks, vision='float32', kernels='lerobo
     else:   # the prefix pass compiled at the engine's call site, or the expert's step our
         # own (fused): LeRobot's runs its own
         scale = float(want.abs().max())
-        ours = (('the prefix pass', prefix == 'compiled'),
-                ('the denoising steps', denoise == 'fused'))
-        own = ' and '.join(part for part, differs in ours if differs)
+        parts = (('the prefix pass', prefix == 'compiled'),
+                 ('the denoising steps', denoise == 'fused'))
+        not_theirs = ' and '.join(part for part, differs in parts if differs)
         check(checks, f'{name}: the engine\'s first chunk is within 1 % of the actions\' scale '
-              f'of LeRobot\'s{same_cast} but {own} ({steps} actions; max |diff| '
+              f'of LeRobot\'s{same_cast} but {not_theirs} ({steps} actions; max |diff| '
               f'{worst:.3g}, actions up to {scale:.3g})', worst <= 0.01 * scale)
     bound = None
     if changed:     # the distance to LeRobot's own actions, measured
