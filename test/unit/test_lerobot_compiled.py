@@ -98,9 +98,15 @@ def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time
     worst = float((got.double() - want.double()).abs().max())
     assert worst <= BOUND, worst
     assert batches and set(batches) == {2}, batches
-    for name in ('prefix_k', 'prefix_v'):   # the prefix pass's own kernels, within rounding
+    # the prefix pass's own kernels, within rounding: on CUDA the vision tower's float32
+    # patch convolution runs in TF32 (cuDNN's default, torch.backends.cudnn.allow_tf32, for
+    # LeRobot's pass too), 10-bit mantissa, unit roundoff 4.9e-4; the two passes convolve
+    # other batches (the cameras in one call here), so cuDNN's algorithms differ. On the H100
+    # the keys were 2.3e-4 of their scale apart, and within 1e-4 with TF32 off.
+    relative = BOUND if device == 'cpu' else 1e-3
+    for name in ('prefix_k', 'prefix_v'):
         kept, theirs = (e.policy.views[name].double() for e in (compiled, lerobot))
-        assert float((kept - theirs).abs().max()) <= BOUND * float(theirs.abs().max()), name
+        assert float((kept - theirs).abs().max()) <= relative * float(theirs.abs().max()), name
     assert not torch.equal(compiled.policy.views['prefix_k'], lerobot.policy.views[
         'prefix_k']) or device == 'cpu', 'no other kernels ran in the prefix pass'
     # the kept prefix is reused exactly: a restart skips the prefix pass, same first action
