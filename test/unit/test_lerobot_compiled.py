@@ -100,9 +100,9 @@ def test_a_compiled_prefix_pass_is_lerobots_within_rounding_and_exact_every_time
     assert batches and set(batches) == {2}, batches
     # the prefix pass's own kernels, within rounding: on CUDA the vision tower's float32
     # patch convolution runs in TF32 (cuDNN's default, torch.backends.cudnn.allow_tf32, for
-    # LeRobot's pass too), 10-bit mantissa, unit roundoff 4.9e-4; the two passes convolve
-    # other batches (the cameras in one call here), so cuDNN's algorithms differ. On the H100
-    # the keys were 2.3e-4 of their scale apart, and within 1e-4 with TF32 off.
+    # LeRobot's pass too), 10-bit mantissa, unit roundoff 4.9e-4, and the two passes run it
+    # differently (here compiled, the cameras in one batch). On the H100 the keys were 2.3e-4
+    # of their scale apart, and within 1e-4 with cuDNN's TF32 off.
     relative = BOUND if device == 'cpu' else 1e-3
     for name in ('prefix_k', 'prefix_v'):
         kept, theirs = (e.policy.views[name].double() for e in (compiled, lerobot))

@@ -355,3 +355,37 @@ def test_what_the_engine_cannot_honour_is_refused(model, tmp_path):
     twin = _engine(model, 'cpu', tmp_path / 'twin')
     twin.step(good[0])
     assert torch.equal(engine.step(good[1]), twin.step(good[1]))
+
+
+def test_the_benchmark_runs_with_our_kernels_and_its_checks_hold(tmp_path):
+    """benchmarks/vla_pi0.py --smoke on the CPU, at this file's reduced sizes (its own are the
+    published ones, 4 B parameters), with both passes' kernels ours (prefix compiled, the
+    fused steps): it runs, writes its report, and its checks hold (within 1 % of LeRobot's
+    actions, a restore replays, a kept prefix gives the same first action). A run with other
+    kernels once failed at its float bound, after the chunk, on the GPU."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    out = tmp_path / 'pi0'
+    root = pathlib.Path(__file__).resolve().parents[2]
+    driver = ('import sys\n'
+              'from benchmarks import vla_pi0\n'
+              'from support.pi0 import small_sizes\n'
+              'with small_sizes():\n'
+              '    sys.exit(vla_pi0.main(sys.argv[1:]))\n')
+    result = subprocess.run(
+        [sys.executable, '-c', driver, '--smoke', '--device', 'cpu', '--kinds', 'pi0',
+         '--dtype', 'float32', '--denoise-kernels', 'fused+prefix', '--out', str(out),
+         '--commit', 'cafe123'], cwd=root, capture_output=True, text=True, timeout=900,
+        env={**os.environ, 'PYTHONPATH': os.pathsep.join(
+            [str(root), str(root / 'test'), os.environ.get('PYTHONPATH', '')])})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    data = json.loads(out.with_suffix('.json').read_text())
+    assert data['environment']['lerobot'] == version('lerobot')
+    (row,) = data['sections']['rows']
+    checks = [c['name'] for c in data['checks'] if c['passed']]
+    assert len(checks) == len(data['checks']) == 3, data['checks']
+    assert 'but the prefix pass and the denoising steps' in checks[0], checks[0]
+    assert f'LeRobot {version("lerobot")}' in out.with_suffix('.md').read_text()
