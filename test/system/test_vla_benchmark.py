@@ -2,6 +2,7 @@
 report, and its identity checks hold (the engine equals LeRobot's pipeline; a restore replays
 the same actions; a restarted episode with its first prefix kept gives the same first action
 without the prefix pass; the device-assembled observation acts as the host-packed one)."""
+from importlib.metadata import version
 import json
 import pathlib
 import subprocess
@@ -14,22 +15,33 @@ pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_vla_benchmark_smoke_run(tmp_path):
+# LeRobot's kernels; ours in both passes with a bfloat16 expert (the GPU runs' rows), whose
+# report adds a check against LeRobot's own float32 expert
+KERNELS = {'lerobot': [], 'fused+prefix': ['--denoise-kernels', 'fused+prefix',
+                                           '--expert-dtype', 'bfloat16']}
+
+
+@pytest.mark.parametrize('kernels', sorted(KERNELS))
+def test_vla_benchmark_smoke_run(tmp_path, kernels):
     out = tmp_path / 'vla'
     result = subprocess.run([sys.executable, '-m', 'benchmarks.vla', '--smoke', '--out',
-                             str(out), '--commit', 'cafe123'], cwd=ROOT, capture_output=True,
-                            text=True, timeout=600)
+                             str(out), '--commit', 'cafe123', *KERNELS[kernels]], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     data = json.loads(out.with_suffix('.json').read_text())
     assert data['environment']['git_commit'] == 'cafe123'
+    assert data['environment']['lerobot'] == version('lerobot')
     (row,) = data['sections']['rows']
     for key in ('lerobot_chunk', 'engine_chunk', 'engine_restore_and_pop', 'engine_snapshot',
                 'engine_chunk_kept_prefix'):
         assert row[key]['n'] == 3 and row[key]['p50'] > 0, key
     assert row['capsule_bytes'] > 0 and row['ratios']['chunk_vs_restore_and_pop'] > 0
     assert row['ratios']['chunk_vs_kept_prefix'] > 0
-    assert [c['passed'] for c in data['checks']] == [True, True, True]
-    assert 'Identity checks: 3 / 3' in out.with_suffix('.md').read_text()
+    checks = 3 if kernels == 'lerobot' else 4
+    assert [c['passed'] for c in data['checks']] == [True] * checks
+    report = out.with_suffix('.md').read_text()
+    assert f'Identity checks: {checks} / {checks}' in report
+    assert f'LeRobot {version("lerobot")}' in report
 
 
 def test_vla_inputs_benchmark_smoke_run(tmp_path):
