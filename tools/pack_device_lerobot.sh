@@ -9,7 +9,8 @@
 #          torch, torchvision, triton, CUDA libraries, numpy, scipy, sympy, networkx, Pillow)
 # On the device:
 #   mkdir -p /tmp/lr && tar -xJf .dev_lerobot/<name>.tar.xz -C /tmp/lr
-#   export PYTHONPATH=/tmp/lr:$PYTHONPATH
+#   export PYTHONPATH=/tmp/lr:$PWD:$PWD/test:$PYTHONPATH
+#   python -m benchmarks.vla_pi0 ... ; python -m pytest -p no:cacheprovider test/unit/... -m cuda
 # Pruned: pandas' and pyarrow's tests and headers, Arrow Flight and S3 (never loaded by
 # `import pyarrow`: pyarrow.fs skips S3 when absent), and PyAV with its codecs (about 100 MB):
 # lerobot.datasets.video_utils imports av and reads av.logging.WARNING, so a placeholder module
@@ -24,6 +25,8 @@ name=${2:-lerobot312}
 grep -v '^#\|^nvidia\|^cuda-\|^docopt\|^av==\|^torch\|^triton\|^numpy\|^scipy\|^sympy\|^mpmath\|^networkx\|^pillow\|^opencv\|^cmake\|^setuptools' \
   "$here/$req" > "$work/req.txt"
 printf '%s\n' python-dateutil filelock jinja2 markupsafe six protobuf >> "$work/req.txt"
+# pytest, to run the CUDA tests there (runtime.txt's pin)
+printf '%s\n' pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 >> "$work/req.txt"
 while read -r req; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
