@@ -331,7 +331,9 @@ class ControlLoop:
         state answered last are the state's own (the engine's input tag, which capsules and
         checkpoints carry). A world that re-sends those readings (it never got their command:
         the node died or was restored in between) gets the command of the state's last action
-        again instead of a second step on the same readings."""
+        again instead of a second step on the same readings. Camera frames are readings too,
+        of the world before: a step is refused (missing input) until each camera has sent a
+        new one, as before its first."""
         if not self.settings.lockstep:
             return
         if index is None:
@@ -339,6 +341,8 @@ class ControlLoop:
         for s in self.sessions:
             if index is None or s.index == index:
                 s.forget_readings()
+                if self.cameras is not None:
+                    self.cameras[s.index].observation.forget_images()
                 s.stepped_tag = self.engine.input_tag(session=s.index)
                 s.resend, s.unsent, s.pending, s.answered = True, None, 0, {}
 

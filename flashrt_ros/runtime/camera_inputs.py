@@ -131,6 +131,11 @@ class CameraObservation:
         self._tokens.copy_(torch.from_numpy(both))
         self.has.add('tokens')
 
+    def forget_images(self):
+        """Every camera's image is stale (a simulated world replaced with the policy's state):
+        missing() names them until new frames come; the vector is not touched."""
+        self.has -= set(self.cameras)
+
     def missing(self):
         """The parts not written yet (sorted names); [] once the vector is whole."""
         want = {'state', *self.cameras, *(('tokens',) if self.tokens else ())}

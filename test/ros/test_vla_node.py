@@ -200,6 +200,75 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
         robot.destroy_node()
 
 
+def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
+    """Lock-step (a simulator): a restore replaces the world's episode too, so the frames
+    from before it are stale, as its joint states are. A joint state that comes before a new
+    frame from every camera is refused (missing input) and steps nothing; with the new
+    frames the step is the restored state's on them."""
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Header
+    import torch
+
+    from support.common import publish_until, wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    topics = {k: f'/lock{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, _ = _camera_node(make, folder, topics, joint_names=joints,
+                                         instruction=TASKS[0])
+    try:
+        readings, report = h.node.parts.loop.cameras[0], h.node.report
+        rng = np.random.default_rng(8)
+        sent, frames = 0, []
+
+        def send_frames(t):
+            images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+                      for k, s in CAMERAS.items()}
+            floats = {k: as_floats(im) for k, im in images.items()}
+            publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (key, image)
+                                   in zip(cams, images.items())],
+                          lambda: all(torch.equal(readings.observation.image(k),
+                                                  torch.from_numpy(f))
+                                      and k in readings.observation.has
+                                      for k, f in floats.items()),
+                          what='the frames to reach the node')
+            return floats
+
+        def send_state(t):
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
+                                  position=[float(v) for v in state]))
+            return state
+
+        assert h.call('snapshot', name='start').success
+        for t in range(2):
+            floats = send_frames(t)
+            state = send_state(t)
+            sent += 1
+            h.client.wait_actions(sent)
+            frames.append({'observation.state': torch.from_numpy(state),
+                           **{k: torch.from_numpy(f) for k, f in floats.items()},
+                           'task': TASKS[0]})
+        assert h.call('restore', name='start').success
+        missing = {k: v for k, v in report.refusals.items() if k.startswith('missing input')}
+        send_state(2)           # before any new frame: the old episode's frames are stale
+        wait_for(lambda: {k: v for k, v in report.refusals.items()
+                          if k.startswith('missing input')} != missing, what='the refusal')
+        assert all(k in report.last_refusal for k in CAMERAS), report.last_refusal
+        floats = send_frames(3)
+        state = send_state(3)
+        sent += 1
+        got = h.client.wait_actions(sent)
+        assert len(got) == sent      # the refused joint state stepped nothing
+        restarted = {'observation.state': torch.from_numpy(state),
+                     **{k: torch.from_numpy(f) for k, f in floats.items()}, 'task': TASKS[0]}
+        assert got[-1] == h.reference(vectors(folder, [restarted]))[0]
+        assert got[:2] == h.reference(vectors(folder, frames))
+    finally:
+        robot.destroy_node()
+
+
 def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, folder):
     """control_mode timer: control_rate steps over the newest frame of each camera and the
     newest joint state, each the engine's action on that observation; once a camera has

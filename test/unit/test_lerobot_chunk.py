@@ -160,6 +160,43 @@ def test_no_statistics_and_unknown_cameras_are_refused(folders):
         SmolVLAChunkPolicy(lerobot, stats=None, cameras={'observation.images.side': (3, 8, 8)})
 
 
+def test_empty_cameras_are_lerobots_placeholders_not_the_robots(folders, tmp_path):
+    """A checkpoint trained with empty_cameras: its config lists
+    observation.images.empty_camera_0 among the images, which LeRobot fills itself (an image
+    of -1, masked out) when the batch lacks it, as a robot's batch does. The node asks no
+    camera for it, and the actions are LeRobot's pipeline's on the robot's cameras, bit for
+    bit; a camera fed there (attended to) would change them, and is refused."""
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import (checkpoint_inputs,
+                                                                 checkpoint_sizes)
+    vlm, _ = folders
+    folder = checkpoint(vlm, tmp_path / 'checkpoint', empty_cameras=1)
+    placeholder = 'observation.images.empty_camera_0'
+    reference = SmolVLAPolicy.from_pretrained(folder).eval()
+    assert placeholder in reference.config.image_features
+    cameras, _, _ = checkpoint_inputs(folder)
+    assert list(cameras) == list(CAMERAS)
+    assert checkpoint_sizes(folder)[1] == len(vectors(folder, frames(1))[0])
+    pre, post = pipeline(folder)
+    engine = _engine(folder, tmp_path)
+    assert list(engine.policy.cameras) == list(CAMERAS)
+    batch = frames(2 * STEPS + 1, seed=3)
+    for t, (frame, obs) in enumerate(zip(batch, vectors(folder, batch))):
+        noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([t // STEPS]),
+                               CHUNK * 16).view(1, CHUNK, 16)
+        want = post(reference.select_action(pre(dict(frame)), noise=noise))[0]
+        assert torch.equal(engine.step(obs), want), t
+    # a frame fed as the placeholder is a camera to the model: other actions
+    fed = dict(batch[0], **{placeholder: torch.zeros(3, *CAMERAS[next(iter(CAMERAS))][1:])})
+    reference.reset()
+    noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([0]), CHUNK * 16).view(
+        1, CHUNK, 16)
+    first = post(reference.select_action(pre(dict(batch[0])), noise=noise))[0]
+    reference.reset()
+    assert not torch.equal(post(reference.select_action(pre(fed), noise=noise))[0], first)
+    with pytest.raises(InvalidConfig, match='empty_cameras'):
+        SmolVLAChunkPolicy.from_pretrained(folder, cameras={**CAMERAS, placeholder: (3, 8, 8)})
+
+
 def test_a_checkpoint_that_compiles_is_refused_and_changes_nothing(folders, tmp_path):
     """compile_model: LeRobot would compile entry points the engine does not call and, while
     building the policy, switch every float32 matmul of the process to TF32; the load is

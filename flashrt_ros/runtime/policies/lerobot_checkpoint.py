@@ -14,13 +14,29 @@ def observation_size(state_dim, cameras, tokens):
     return state_dim + sum(c * h * w for c, h, w in cameras.values()) + 2 * tokens
 
 
+def robot_cameras(config):
+    '''{camera key: (3, H, W)} of a LeRobot policy config, in its order: the cameras a robot
+    feeds. Not the placeholders SmolVLA's, Pi0's and Pi0.5's configs add for `empty_cameras`
+    (placeholder_cameras): LeRobot fills those itself when the batch lacks them, as a
+    robot's does (an image of -1, masked out); an image fed there would be attended to.'''
+    placeholders = placeholder_cameras(config)
+    return {k: tuple(f.shape) for k, f in config.image_features.items()
+            if k not in placeholders}
+
+
+def placeholder_cameras(config):
+    '''The image keys a config adds for its `empty_cameras` (LeRobot's naming).'''
+    return {f'observation.images.empty_camera_{i}'
+            for i in range(int(getattr(config, 'empty_cameras', 0) or 0))}
+
+
 def checkpoint_sizes(folder):
     '''(policy type, obs_dim, act_dim) of a LeRobot checkpoint folder, from its config alone
     (what the policy node's parameters must say).'''
     import lerobot.policies  # noqa: F401 - registers the config classes from_pretrained picks
     from lerobot.configs.policies import PreTrainedConfig
     config = PreTrainedConfig.from_pretrained(folder)
-    cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
+    cameras = robot_cameras(config)
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
     state_dim = config.input_features[STATE].shape[0]
     return (config.type, observation_size(state_dim, cameras, tokens),
@@ -41,7 +57,7 @@ def checkpoint_inputs(folder):
     from lerobot.policies.factory import make_pre_post_processors
     config = PreTrainedConfig.from_pretrained(folder)
     pre, _ = make_pre_post_processors(config, folder)
-    cameras = {k: tuple(f.shape) for k, f in config.image_features.items()}
+    cameras = robot_cameras(config)
     state_shape = config.input_features[STATE].shape
     blank = {STATE: torch.zeros(state_shape),
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}

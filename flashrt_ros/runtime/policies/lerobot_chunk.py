@@ -41,7 +41,8 @@ from ..errors import InvalidConfig, InvalidObservation
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
-from .lerobot_checkpoint import MASK, observation_size, STATE, TOKENS
+from .lerobot_checkpoint import (MASK, observation_size, placeholder_cameras, robot_cameras,
+                                 STATE, TOKENS)
 
 
 # LeRobot's normalisations onto [-1, 1] (the quantile ones Pi0.5's default): mode -> the
@@ -71,12 +72,18 @@ class LeRobotChunkPolicy(Policy):
                                 'and captures LeRobot\'s modules as they are): save the '
                                 'checkpoint with compile_model false')
         state_dim = cfg.input_features[STATE].shape[0]
-        cams = {k: tuple(f.shape) for k, f in cfg.image_features.items()} if cameras is None \
+        robot = robot_cameras(cfg)     # the config's cameras but its empty_cameras
+        cams = robot if cameras is None \
             else {k: tuple(int(s) for s in v) for k, v in cameras.items()}
-        unknown = sorted(set(cams) - set(cfg.image_features))
+        placeholders = sorted(set(cams) & placeholder_cameras(cfg))
+        if placeholders:
+            raise InvalidConfig(f'{self.kind} cameras: {placeholders} are the checkpoint\'s '
+                                'empty_cameras, which LeRobot fills itself (masked out): no '
+                                'camera feeds them')
+        unknown = sorted(set(cams) - set(robot))
         if unknown or not cams or any(len(s) != 3 or s[0] != 3 for s in cams.values()):
             raise InvalidConfig(f'{self.kind} cameras {cams}: each a (3, H, W) image of the '
-                                f'config\'s {sorted(cfg.image_features)}')
+                                f'config\'s {sorted(robot)}')
         super().__init__(observation_size(state_dim, cams, self.tokens),
                          cfg.output_features['action'].shape[0], seed=seed)
         self.lerobot = lerobot_policy.eval()

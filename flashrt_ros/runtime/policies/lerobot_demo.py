@@ -132,11 +132,12 @@ def statistics(seed=0, size='demo', dims=None):
             for key, n in zip(('observation.state', 'action'), dims or SIZES[size]['dims'])}
 
 
-def checkpoint(vlm_path, folder, seed=0, size='demo'):
+def checkpoint(vlm_path, folder, seed=0, size='demo', **options):
     '''A LeRobot checkpoint folder as training writes it: the policy's config.json and
-    model.safetensors, and its pre/post-processor pipelines with their statistics.'''
+    model.safetensors, and its pre/post-processor pipelines with their statistics; options
+    as smolvla()'s.'''
     from lerobot.policies.smolvla.processor_smolvla import make_smolvla_pre_post_processors
-    policy = smolvla(vlm_path, seed, size)
+    policy = smolvla(vlm_path, seed, size, **options)
     pre, post = make_smolvla_pre_post_processors(policy.config, statistics(seed, size))
     for part in (policy, pre, post):
         part.save_pretrained(folder)
