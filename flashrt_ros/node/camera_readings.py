@@ -72,8 +72,14 @@ class CameraReadings:
         tokenize = self.setup.tokenize
         if tokenize is None:
             raise InvalidObservation('an instruction: this checkpoint takes none')
-        if not self._per_state:
-            self.observation.put_tokens(*tokenize(text))
+        if not self._per_state:     # (Pi0.5's prompt, with the state: tokenized each step)
+            ids, mask = tokenize(text)
+            if mask.all() and tokenize.length(text) > self.setup.tokens:
+                # what LeRobot does too; the model reads no more, but the user should know
+                self.log.warning(f'instruction {text!r} is {tokenize.length(text)} tokens: the '
+                                 f'checkpoint reads its first {self.setup.tokens} '
+                                 '(tokenizer_max_length), as LeRobot does')
+            self.observation.put_tokens(ids, mask)
         self.text = text
 
     def assemble(self, joint_state):

@@ -197,6 +197,33 @@ def test_empty_cameras_are_lerobots_placeholders_not_the_robots(folders, tmp_pat
         SmolVLAChunkPolicy.from_pretrained(folder, cameras={**CAMERAS, placeholder: (3, 8, 8)})
 
 
+def test_an_instruction_longer_than_the_checkpoint_reads_is_told(folders):
+    """LeRobot's tokenizer step cuts an instruction to tokenizer_max_length, and so does the
+    node (the model reads no more; its actions are LeRobot's), but it says so: a warning with
+    the instruction's whole length; one that fits, none."""
+    import types
+
+    from flashrt_ros.node.camera_readings import CameraReadings
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    from support.smolvla import TASKS, TOKENS
+    _, folder = folders
+    cameras, tokens, tokenize = checkpoint_inputs(folder)
+    warnings = []
+    log = types.SimpleNamespace(warning=warnings.append, info=lambda _: None)
+    setup = types.SimpleNamespace(cameras=cameras, tokens=tokens, tokenize=tokenize,
+                                  state_dim=STATE_DIM)
+    cfg = types.SimpleNamespace(joint_names=[f'j{i}' for i in range(STATE_DIM)],
+                                instruction='')
+    readings = CameraReadings(setup, cfg, 'cpu', None, log)
+    readings.instruction('go')
+    assert not warnings and tokenize.length('go') < tokens == TOKENS
+    readings.instruction(TASKS[0])
+    (told,) = warnings
+    assert f'is {tokenize.length(TASKS[0])} tokens' in told and f'first {TOKENS}' in told
+    ids, mask = tokenize(TASKS[0])      # what the model reads: LeRobot's cut, as before
+    assert mask.all() and len(ids) == TOKENS
+
+
 def test_a_checkpoint_that_compiles_is_refused_and_changes_nothing(folders, tmp_path):
     """compile_model: LeRobot would compile entry points the engine does not call and, while
     building the policy, switch every float32 matmul of the process to TF32; the load is

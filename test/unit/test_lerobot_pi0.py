@@ -194,6 +194,29 @@ def test_the_fused_steps_run_eagerly_are_lerobots_bit_for_bit(tmp_path, monkeypa
         assert torch.equal(got, want), float((got - want).abs().max())
 
 
+def test_a_prompt_cut_to_the_checkpoints_length_is_refused_where_it_holds_the_state(folder):
+    """LeRobot's tokenizer step cuts a prompt to tokenizer_max_length. Pi0.5's prompt ends
+    with the state and the "Action:" cue, so a long instruction would cut them off: refused,
+    naming the counts, while one that fits uses every slot it needs and no more. Pi0's
+    prompt is the instruction alone: cut as LeRobot cuts it, its whole length told
+    (tokenize.length, for the node's warning)."""
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    _, tokens, tokenize = checkpoint_inputs(folder)
+    state = np.zeros(ACT_DIM, np.float32)
+    long = 'pick up the red cube and put it in the blue box ' * 3
+    if not tokenize.state_in_prompt:
+        ids, mask = tokenize(long)
+        assert mask.all() and tokenize.length(long) > tokens
+        assert tokenize.length('open the drawer') == int(tokenize('open the drawer')[1].sum())
+        return
+    fits = tokenize('open the drawer', state)[1]
+    assert tokenize.length('open the drawer', state) == int(fits.sum()) < tokens
+    with pytest.raises(InvalidObservation, match=rf'is {tokenize.length(long, state)} '
+                       rf'tokens, the checkpoint reads {tokens} \(tokenizer_max_length\)'):
+        tokenize(long, state)
+    assert np.array_equal(tokenize('open the drawer', state)[1], fits)    # settings put back
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_the_prefix_is_reused_for_the_same_observation_only(model, tmp_path, device):
     """A chunk whose observation is bit for bit the one its session's prefix came from runs

@@ -4,6 +4,8 @@ launch's sizes): no model is built.'''
 
 import torch
 
+from ..errors import InvalidObservation
+
 STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
     'observation.language.attention_mask'
 
@@ -52,11 +54,18 @@ def checkpoint_inputs(folder):
     pipeline gives its model. Where the prompt holds the state (tokenize.state_in_prompt:
     Pi0.5's pre-processor writes it there, normalised and discretised), the tokens belong to
     one observation: tokenize then needs that observation's raw state, and refuses to run
-    without it.'''
+    without it.
+
+    LeRobot's tokenizer step cuts a prompt to the checkpoint's tokenizer_max_length. Where
+    the prompt holds the state, a cut one loses the state and the "Action:" cue after it:
+    tokenize refuses it (InvalidObservation). An instruction alone is only shortened (the
+    model reads no more): tokenize.length(text) is its whole count, for a caller's warning.'''
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.processor import TokenizerProcessorStep
     config = PreTrainedConfig.from_pretrained(folder)
     pre, _ = make_pre_post_processors(config, folder)
+    step = next((s for s in pre.steps if isinstance(s, TokenizerProcessorStep)), None)
     cameras = robot_cameras(config)
     state_shape = config.input_features[STATE].shape
     blank = {STATE: torch.zeros(state_shape),
@@ -64,15 +73,35 @@ def checkpoint_inputs(folder):
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
     state_in_prompt = config.type == 'pi05'
 
-    def tokenize(text, state=None):
+    def frame_of(text, state):
         frame = {**blank, 'task': text}
         if state_in_prompt:
             if state is None:
                 raise ValueError(f'{config.type}: the prompt holds the state; tokenize each '
                                  'observation with its state')
             frame[STATE] = torch.as_tensor(state, dtype=torch.float32).reshape(state_shape)
-        out = pre(frame)
+        return frame
+
+    def length(text, state=None):
+        '''The prompt's whole token count, as LeRobot's tokenizer step counts it, uncut (the
+        step's settings put back: callers hold the node's lock).'''
+        kept = step.truncation, step.padding
+        step.truncation, step.padding = False, 'longest'
+        try:
+            return int(pre(frame_of(text, state))[MASK].sum())
+        finally:
+            step.truncation, step.padding = kept
+
+    def tokenize(text, state=None):
+        out = pre(frame_of(text, state))
+        mask = out[MASK].reshape(-1)
+        # every slot used: the prompt may have been cut to fit (counted again only then)
+        if state_in_prompt and bool(mask.all()) and length(text, state) > tokens:
+            raise InvalidObservation(
+                f'{config.type}: the prompt with the state is {length(text, state)} tokens, the '
+                f'checkpoint reads {tokens} (tokenizer_max_length): LeRobot would cut off the '
+                'state and the "Action:" cue after the instruction; shorten the instruction')
         return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
-                out[MASK].reshape(-1).to(torch.float32).numpy())
-    tokenize.state_in_prompt = state_in_prompt
+                mask.to(torch.float32).numpy())
+    tokenize.state_in_prompt, tokenize.length = state_in_prompt, length
     return cameras, tokens, tokenize if tokens else None
