@@ -57,6 +57,11 @@ def compressed_pixels(data, size=None):
         if size is not None and image.size != (size[1], size[0]):
             raise InvalidObservation(f'{image.size[0]} x {image.size[1]}, the checkpoint takes '
                                      f'{size[1]} x {size[0]}')
+        if image.mode.startswith(('I', 'F')):
+            # 16- or 32-bit greys (a depth camera's PNG): PIL's RGB conversion clips them at
+            # 255, an image of another world
+            raise InvalidObservation(f'a {image.mode} image (more than 8 bits a pixel: a depth '
+                                     'image?); the policy takes 8-bit colour or grey')
         return np.asarray(image.convert('RGB'))
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise InvalidObservation(f'a compressed image PIL cannot decode: {exc}') from exc

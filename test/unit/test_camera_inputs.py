@@ -67,6 +67,23 @@ def test_what_cannot_be_read_is_refused(bad, words):
         compressed_pixels(b'not an image')
 
 
+def test_a_16_bit_png_is_refused_not_clipped():
+    """A depth camera's 16-bit grey PNG on a CompressedImage topic: PIL's RGB conversion
+    would clip it at 255 (an image of another world); refused. An 8-bit grey PNG reads as
+    grey RGB."""
+    from PIL import Image
+    depth = (np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16)     # up to 61,420
+    png = io.BytesIO()
+    Image.fromarray(depth).save(png, format='PNG')
+    assert Image.open(io.BytesIO(png.getvalue())).mode.startswith('I')
+    with pytest.raises(InvalidObservation, match='I;16 image .more than 8 bits'):
+        compressed_pixels(png.getvalue(), (48, 64))
+    grey = io.BytesIO()
+    Image.fromarray((depth >> 8).astype(np.uint8)).save(grey, format='PNG')
+    pixels = compressed_pixels(grey.getvalue(), (48, 64))
+    assert pixels.shape == (48, 64, 3) and np.array_equal(pixels[..., 2], depth >> 8)
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_frames_convert_on_the_device_exactly_as_lerobots_datasets(device):
     """Every uint8 value, and random frames: the device's float32 equals the host's
