@@ -327,22 +327,18 @@ class ControlLoop:
 
     def state_replaced(self, index=None):
         """After a restore, reset, rollback or recovery of session `index` (None: all): in
-        lock-step, its readings answered the old state and are dropped, and the readings the
-        state answered last are the state's own (the engine's input tag, which capsules and
-        checkpoints carry). A world that re-sends those readings (it never got their command:
-        the node died or was restored in between) gets the command of the state's last action
-        again instead of a second step on the same readings. Camera frames are readings too,
-        of the world before: a step is refused (missing input) until each camera has sent a
-        new one, as before its first."""
+        lock-step its readings, camera frames too (a step is refused until each camera sends a
+        new one), answered the old state and are dropped; the readings the state answered last
+        are its own (the engine's input tag, which capsules and checkpoints carry). A world
+        that re-sends those (it never got their command: the node died or was restored in
+        between) gets the command of the state's last action again, not a second step."""
         if not self.settings.lockstep:
             return
         if index is None:
             self._pending_since = None
         for s in self.sessions:
             if index is None or s.index == index:
-                s.forget_readings()
-                if self.cameras is not None:
-                    self.cameras[s.index].observation.forget_images()
+                s.forget_readings(self.cameras[s.index].observation if self.cameras else None)
                 s.stepped_tag = self.engine.input_tag(session=s.index)
                 s.resend, s.unsent, s.pending, s.answered = True, None, 0, {}
 

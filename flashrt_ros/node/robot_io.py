@@ -69,10 +69,13 @@ class SessionIO:
     def store(self, key, value, stamp=None):
         self.inputs[key] = (value, stamp, time.monotonic())
 
-    def forget_readings(self):
-        """Readings answer a state; after the state is replaced they are stale. The velocity
-        command is a setting, not a reading: kept."""
+    def forget_readings(self, cameras=None):
+        """Readings answer a state; after the state is replaced they are stale, and so are the
+        frames in cameras (the session's CameraObservation, if any). The velocity command is
+        a setting, not a reading: kept."""
         self.inputs = {k: v for k, v in self.inputs.items() if k == 'command'}
+        if cameras is not None:
+            cameras.forget_images()
 
 
 class ReadingCounter:
