@@ -74,9 +74,10 @@ class CameraReadings:
             raise InvalidObservation('an instruction: this checkpoint takes none')
         if not self._per_state:     # (Pi0.5's prompt, with the state: tokenized each step)
             ids, mask = tokenize(text)
-            if mask.all() and tokenize.length(text) > self.setup.tokens:
+            whole = tokenize.length(text) if mask.all() else self.setup.tokens
+            if whole > self.setup.tokens:
                 # what LeRobot does too; the model reads no more, but the user should know
-                self.log.warning(f'instruction {text!r} is {tokenize.length(text)} tokens: the '
+                self.log.warning(f'instruction {text!r} is {whole} tokens: the '
                                  f'checkpoint reads its first {self.setup.tokens} '
                                  '(tokenizer_max_length), as LeRobot does')
             self.observation.put_tokens(ids, mask)

@@ -96,9 +96,10 @@ def checkpoint_inputs(folder):
         out = pre(frame_of(text, state))
         mask = out[MASK].reshape(-1)
         # every slot used: the prompt may have been cut to fit (counted again only then)
-        if state_in_prompt and bool(mask.all()) and length(text, state) > tokens:
+        whole = length(text, state) if state_in_prompt and bool(mask.all()) else tokens
+        if whole > tokens:
             raise InvalidObservation(
-                f'{config.type}: the prompt with the state is {length(text, state)} tokens, the '
+                f'{config.type}: the prompt with the state is {whole} tokens, the '
                 f'checkpoint reads {tokens} (tokenizer_max_length): LeRobot would cut off the '
                 'state and the "Action:" cue after the instruction; shorten the instruction')
         return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
