@@ -31,6 +31,7 @@ class CameraReadings:
         self.observation = CameraObservation(setup.state_dim, setup.cameras, setup.tokens,
                                              device, vector)
         self.text = None            # the instruction as given
+        self._held = 0              # lock-step: the step tag last held for frames (logged)
         self._per_state = setup.tokenize is not None and setup.tokenize.state_in_prompt
         if cfg.instruction:         # (settings: only for a policy that takes one)
             self.instruction(cfg.instruction)
@@ -50,14 +51,27 @@ class CameraReadings:
 
     def on_image(self, s, key, problem, stamp):
         """The frame stage() made of session s's camera message into the observation (under
-        the lock), or refused (problem; the frame before it kept)."""
+        the lock): True; or refused (problem; the frame before it kept): False."""
         if isinstance(problem, InvalidObservation):
             self.report.refuse(f'{s.label}{key}: {problem}', key='image')
-            return
+            return False
         if problem is not None:
             raise problem
         self.observation.put_staged(key)
         s.store('camera:' + key, True, stamp)
+        return True
+
+    def holds(self, s, tag):
+        """Lock-step: whether session s's joint state of step tag `tag` waits for frames: until
+        each camera has sent one since the state was replaced (activation, restore, reset,
+        rollback), as those before are the old episode's world. Logged once per joint state,
+        so that a camera that never sends is seen (the world waits for its command)."""
+        cameras = [k for k in self.observation.missing() if k in self.setup.cameras]
+        if cameras and self._held != tag:
+            self._held = tag
+            self.log.info(f'{s.label}lock-step: the joint state waits for a first frame from '
+                          f'{cameras} since the state was replaced')
+        return bool(cameras)
 
     def on_instruction(self, s, text):
         """A new instruction (~/instruction, or the parameter set while running)."""

@@ -7,8 +7,8 @@ How a tick is triggered depends on the observation type and control mode:
   farm's ~/observations message a tick of every session);
 - terms, cameras, lockstep (simulation): a tick once every session that has had readings
   has the next joint state (with the IMU reading of the same stamp when the terms read one;
-  the newest frame of each camera); a session that stops publishing is left behind after
-  lockstep_wait;
+  the newest frame of each camera, held until each has sent one since the state was
+  replaced); a session that stops publishing is left behind after lockstep_wait;
 - terms, cameras, timer (robot): control_rate ticks over the newest readings; stale or missing
   ones refuse that session's step.
 A cameras observation is assembled on the engine's device (camera_readings.py) and stepped
@@ -262,21 +262,22 @@ class ControlLoop:
 
     def on_reading(self, s, key):
         """Lock-step (simulation): a session is ready on a new joint state, once the IMU reading
-        of the same stamp (if the terms use one) has arrived too, whichever came second. The
-        tick comes when every session that has had readings (and is not held) is ready."""
-        if not self.settings.lockstep:
-            return
+        of the same stamp (if the terms use one), or a frame from each camera since the state
+        was replaced, has arrived too, whichever came last. The tick comes when every session
+        that has had readings (and is not held) is ready."""
         joint = s.inputs.get('joint_state')
-        if joint is None:
+        if not self.settings.lockstep or joint is None:
             return
         tag = input_tag(joint[1])
         if tag == s.stepped_tag:
-            self._answered_stamp(s, key, joint[1])
+            if not key.startswith('camera:'):   # (a new frame is no re-sent reading)
+                self._answered_stamp(s, key, joint[1])
             return
-        if self.settings.terms and 'imu' in self.settings.layout.needs:
-            imu = s.inputs.get('imu')
-            if imu is None or imu[1] != joint[1]:
-                return              # wait for the matching IMU reading
+        imu = s.inputs.get('imu', (None, None))
+        if self.settings.terms and 'imu' in self.settings.layout.needs and imu[1] != joint[1]:
+            return                  # wait for the matching IMU reading
+        if self.cameras is not None and self.cameras[s.index].holds(s, tag):
+            return                  # wait for a frame from each camera: on_reading again
         s.pending = tag
         waiting = [w for w in self.sessions if w.seen and not self.guards[w.index].held]
         if all(w.pending for w in waiting):
@@ -310,8 +311,7 @@ class ControlLoop:
             return
         tags = {s.index: s.pending for s in ready}
         for s in ready:
-            s.stepped_tag, s.pending = s.pending, 0
-            s.resend, s.unsent = False, None
+            s.stepped_tag, s.pending, s.resend, s.unsent = s.pending, 0, False, None
             s.answered = {k: s.inputs[k][0] for k in ('joint_state', 'imu') if k in s.inputs}
         self._tick_readings(ready, tags)
 
@@ -327,8 +327,8 @@ class ControlLoop:
 
     def state_replaced(self, index=None):
         """After a restore, reset, rollback or recovery of session `index` (None: all): in
-        lock-step its readings, camera frames too (a step is refused until each camera sends a
-        new one), answered the old state and are dropped; the readings the state answered last
+        lock-step its readings, camera frames too (a joint state waits for a new one from each
+        camera), answered the old state and are dropped; the readings the state answered last
         are its own (the engine's input tag, which capsules and checkpoints carry). A world
         that re-sends those (it never got their command: the node died or was restored in
         between) gets the command of the state's last action again, not a second step."""

@@ -205,8 +205,12 @@ class RobotIO:
                         lambda msg: self._joint_state(loop, s, msg))
         newest = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
                             reliability=ReliabilityPolicy.BEST_EFFORT)
+
+        def frame(key, problem, stamp):     # a new frame may complete a held lock-step
+            if readings.on_image(s, key, problem, stamp):
+                loop.on_reading(s, 'camera:' + key)
         for key, topic in setup.topics.items():
-            put = guarded(partial(readings.on_image, s, key), s.robot + topic)
+            put = guarded(partial(frame, key), s.robot + topic)
             self._subs.append(self._create_sub(
                 CompressedImage if key in setup.compressed else Image, s.robot + topic,
                 lambda msg, key=key, put=put: put(readings.stage(key, msg), stamp_of(msg)),
