@@ -260,6 +260,34 @@ def act_folder(tmp_path_factory):
     return act_checkpoint(tmp_path_factory.mktemp('act'))
 
 
+def test_a_folder_of_another_policy_or_of_none_is_refused_by_name(folders, act_folder,
+                                                                  tmp_path):
+    """policy_file names a checkpoint of another policy type: refused with both types (LeRobot
+    would build the asked class on the other's config and fail on an attribute, or worse); a
+    type this package does not serve, a config that is not a policy's, or no config at all
+    are refused by name too, before LeRobot looks for the folder on the hub."""
+    from flashrt_ros.runtime.policies import make_policy
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_sizes
+    _, smolvla_folder = folders
+    with pytest.raises(InvalidConfig, match='holds a LeRobot act policy .* not smolvla: set '
+                                            'policy_type act'):
+        make_policy('smolvla', 10, ACT_DIM, file=str(act_folder))
+    with pytest.raises(InvalidConfig, match='holds a LeRobot smolvla policy .* not act'):
+        make_policy('act', 10, ACT_DIM, file=str(smolvla_folder))
+    other = tmp_path / 'groot'
+    other.mkdir()
+    (other / 'config.json').write_text(json.dumps({'type': 'groot'}))
+    with pytest.raises(InvalidConfig, match='groot policy .* does not serve'):
+        make_policy('pi05', 10, ACT_DIM, file=str(other))
+    (other / 'config.json').write_text('[]')
+    with pytest.raises(InvalidConfig, match='names no policy "type"'):
+        make_policy('act', 10, ACT_DIM, file=str(other))
+    for call in (lambda: make_policy('act', 10, ACT_DIM, file=str(tmp_path / 'none')),
+                 lambda: checkpoint_sizes(tmp_path / 'none')):
+        with pytest.raises(InvalidConfig, match='not a LeRobot checkpoint folder'):
+            call()
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path, device):
     """ACT (the images normalised per channel too): the engine equals LeRobot's pre-processor,

@@ -13,6 +13,7 @@ from ..errors import InvalidConfig
 from .base import ACTIVATIONS, gaussian_noise, ObservationHistory, Policy, TermHistory
 from .feedforward import FeedForwardPolicy
 from .history import HistoryPolicy, linear_scan
+from .lerobot_checkpoint import checkpoint_type
 from .lerobot_chunk import ACTChunkPolicy
 from .lerobot_diffusion import DiffusionChunkPolicy
 from .lerobot_pi0 import Pi05ChunkPolicy, Pi0ChunkPolicy
@@ -109,6 +110,13 @@ def _lerobot(cls, obs_dim, act_dim, folder, seed, obs_history, term_history, opt
     if obs_history > 1 or term_history:
         raise InvalidConfig(f'a {cls.kind} policy takes one observation: no obs_history or '
                             'observation terms')
+    found = checkpoint_type(folder)
+    if found != cls.kind:   # (LeRobot would build one policy class on another's config)
+        served = sorted(k.value for k in LEROBOT_KINDS)
+        fix = f'set policy_type {found}' if found in served else \
+            f'a policy this package does not serve (it serves {", ".join(served)})'
+        raise InvalidConfig(f'{folder} holds a LeRobot {found} policy (its config.json), not '
+                            f'{cls.kind}: {fix}')
     policy = cls.from_pretrained(folder, seed=seed, **options)
     if (policy.obs_dim, policy.act_dim) != (obs_dim, act_dim):
         raise InvalidConfig(f'{folder}: the checkpoint takes obs_dim {policy.obs_dim} (state '

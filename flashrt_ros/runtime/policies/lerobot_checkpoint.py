@@ -2,12 +2,30 @@
 config and pre-processor alone (the policy node's parameters and cameras observation, the
 launch's sizes): no model is built.'''
 
+import json
+from pathlib import Path
+
 import torch
 
-from ..errors import InvalidObservation
+from ..errors import InvalidConfig, InvalidObservation
 
 STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
     'observation.language.attention_mask'
+
+
+def checkpoint_type(folder):
+    '''The policy type a LeRobot checkpoint folder's config.json names ("type": act,
+    smolvla, pi05...); InvalidConfig when the folder holds no LeRobot policy config.'''
+    path = Path(folder) / 'config.json'
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidConfig(f'{folder} is not a LeRobot checkpoint folder: {path}: '
+                            f'{exc}') from exc
+    kind = config.get('type') if isinstance(config, dict) else None
+    if not isinstance(kind, str):
+        raise InvalidConfig(f'{path} names no policy "type": not a LeRobot policy config')
+    return kind
 
 
 def observation_size(state_dim, cameras, tokens):
@@ -37,6 +55,7 @@ def checkpoint_sizes(folder):
     (what the policy node's parameters must say).'''
     import lerobot.policies  # noqa: F401 - registers the config classes from_pretrained picks
     from lerobot.configs.policies import PreTrainedConfig
+    checkpoint_type(folder)     # (not LeRobot's hub lookup's error)
     config = PreTrainedConfig.from_pretrained(folder)
     cameras = robot_cameras(config)
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
@@ -63,6 +82,7 @@ def checkpoint_inputs(folder):
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.processor import TokenizerProcessorStep
+    checkpoint_type(folder)
     config = PreTrainedConfig.from_pretrained(folder)
     pre, _ = make_pre_post_processors(config, folder)
     step = next((s for s in pre.steps if isinstance(s, TokenizerProcessorStep)), None)
