@@ -7,7 +7,8 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     camera_topics:=observation.images.top=/camera/top/image_raw[,<key>=<topic>...]
     joint_names:=shoulder,elbow,wrist,gripper,base,lift [instruction:='pick up the cube']
     [compressed_cameras:=observation.images.wrist] [joint_states:=/joint_states]
-    [control_mode:=timer control_rate:=30.0] [action_joint_names:=<the arm's joints>]
+    [control_mode:=timer control_rate:=30.0] [camera_sync:=newest|stamp (lockstep)]
+    [action_joint_names:=<the arm's joints>]
     [chunk_period:=0.0] [device:=auto] [action_topic:=/robot/cmd]
     [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
@@ -20,7 +21,8 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
 
 control_mode timer (the default here) steps at control_rate (the rate the policy was trained
 at: its dataset's fps) over the newest frames and joint state; lockstep steps once per new
-joint state (a simulator's). The observation size and the action size come from the
+joint state (a simulator's), on the newest frames or, with camera_sync stamp, on each
+camera's frame of the joint state's stamp. The observation size and the action size come from the
 checkpoint (read when the launch starts: LeRobot is imported then). The instruction may
 change later on /flashrt_policy/instruction (std_msgs/String) or as the node's instruction
 parameter (ros2 param set). With action_joint_names, each
@@ -36,7 +38,8 @@ from flashrt_ros.runtime.policies.lerobot_rtc import RTC_OPTIONS
 
 ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
              'instruction': '', 'compressed_cameras': '', 'joint_states': '/joint_states',
-             'control_mode': 'timer', 'control_rate': '30.0', 'action_joint_names': '',
+             'control_mode': 'timer', 'control_rate': '30.0', 'camera_sync': 'newest',
+             'action_joint_names': '',
              'chunk_period': '0.0', 'device': 'auto', 'action_topic': '',
              'action_chunk_topic': '', 'vision_dtype': '', 'denoise_kernels': '',
              'expert_dtype': '', 'prefix_kernels': '', **{k: '' for k in RTC_OPTIONS}}
@@ -61,6 +64,7 @@ def _nodes(context):
               'camera_topics': _list(a['camera_topics']),
               'joint_names': _list(a['joint_names']), 'instruction': a['instruction'],
               'control_mode': a['control_mode'], 'control_rate': float(a['control_rate']),
+              'camera_sync': a['camera_sync'],
               'device': a['device'], 'chunk_period': float(a['chunk_period'])}
     for key in ('action_joint_names', 'compressed_cameras'):
         if _list(a[key]):      # (an empty list has no type for ROS)

@@ -8,12 +8,17 @@ takes milliseconds, which the control thread does not wait for); it enters the o
 between ticks, under the lock (on_image). The instruction is tokenized by the checkpoint's
 own pre-processor when it arrives (Pi0.5's prompt holds the state: its tokens are made anew
 at every step, from that step's state). A step takes the state from the joint state (by
-name, in joint_names order) and steps on the newest frame of each camera. What cannot be
+name, in joint_names order) and steps on the newest frame of each camera (lock-step with
+camera_sync stamp: on each camera's frame of the joint state's stamp, holds). What cannot be
 read is refused with a message that names it, and nothing of the observation changes.
 """
 from flashrt_ros.runtime.camera_inputs import CameraObservation, compressed_pixels, raw_pixels
 from flashrt_ros.runtime.errors import InvalidObservation
 from flashrt_ros.runtime.observation import ObservationLayout
+
+
+def _stamp(stamp):
+    return f'{stamp[0]}.{stamp[1]:09d}'
 
 
 class CameraReadings:
@@ -32,6 +37,7 @@ class CameraReadings:
                                              device, vector)
         self.text = None            # the instruction as given
         self._held = 0              # lock-step: the step tag last held for frames (logged)
+        self.sync_stamps = cfg.camera_sync == 'stamp'
         self._per_state = setup.tokenize is not None and setup.tokenize.state_in_prompt
         if cfg.instruction:         # (settings: only for a policy that takes one)
             self.instruction(cfg.instruction)
@@ -64,14 +70,24 @@ class CameraReadings:
     def holds(self, s, tag):
         """Lock-step: whether session s's joint state of step tag `tag` waits for frames: until
         each camera has sent one since the state was replaced (activation, restore, reset,
-        rollback), as those before are the old episode's world. Logged once per joint state,
-        so that a camera that never sends is seen (the world waits for its command)."""
+        rollback), as those before are the old episode's world; with camera_sync stamp, until
+        each camera's newest frame carries the joint state's stamp (a world that renders every
+        step: a frame still decoding is waited for, not replaced by the one before). Logged
+        once per joint state, so that a camera that never sends is seen (the world waits)."""
+        stamp = s.inputs['joint_state'][1]
         cameras = [k for k in self.observation.missing() if k in self.setup.cameras]
-        if cameras and self._held != tag:
+        late = [k for k in self.setup.cameras if self.sync_stamps and k not in cameras and
+                s.inputs.get('camera:' + k, (None, None))[1] != stamp]
+        if (cameras or late) and self._held != tag:
             self._held = tag
-            self.log.info(f'{s.label}lock-step: the joint state waits for a first frame from '
-                          f'{cameras} since the state was replaced')
-        return bool(cameras)
+            what = [f'a first frame from {cameras} since the state was replaced'] if cameras \
+                else []
+            if late:
+                newest = ', '.join(_stamp(s.inputs['camera:' + k][1]) for k in late)
+                what.append(f'the frame stamped {_stamp(stamp)} from {late} (camera_sync: '
+                            f'stamp; their newest: {newest})')
+            self.log.info(f'{s.label}lock-step: the joint state waits for ' + ' and '.join(what))
+        return bool(cameras or late)
 
     def on_instruction(self, s, text):
         """A new instruction (~/instruction, or the parameter set while running)."""

@@ -7,8 +7,8 @@ How a tick is triggered depends on the observation type and control mode:
   farm's ~/observations message a tick of every session);
 - terms, cameras, lockstep (simulation): a tick once every session that has had readings
   has the next joint state (with the IMU reading of the same stamp when the terms read one;
-  the newest frame of each camera, held until each has sent one since the state was
-  replaced); a session that stops publishing is left behind after lockstep_wait;
+  each camera's newest frame, or with camera_sync stamp its frame of that stamp, held until
+  each has sent one since the state was replaced); a session that stops is left behind;
 - terms, cameras, timer (robot): control_rate ticks over the newest readings; stale or missing
   ones refuse that session's step.
 A cameras observation is assembled on the engine's device (camera_readings.py) and stepped

@@ -1,15 +1,12 @@
 '''Parameters of the flashrt_policy node, declared from typed configs (with their true types,
 descriptions and ranges, so `ros2 param describe` says what is allowed) and read back into
-them.
-
-Which settings are live (apply at once while configured) and which shape what configure
+them. Which settings are live (apply at once while configured) and which shape what configure
 builds is declared once, on the field (`live=True`); ParameterHandler enforces it.
 
-Policy parameters come from the policy configs (runtime/config.py, one per kind); the node's
-own settings from NodeConfig below. A field's annotation is its parameter type
-(parameter_types.py). Observation terms are declared per term at configure, under
-`observation.<term>.<setting>`, since their names come from `observation_terms`
-(term_parameters.py).
+Policy parameters come from the policy configs (runtime/config.py, one per kind); the node's own
+settings from NodeConfig below. A field's annotation is its parameter type (parameter_types.py).
+Observation terms are declared per term at configure, under `observation.<term>.<setting>`, since
+their names come from `observation_terms` (term_parameters.py).
 '''
 
 import array
@@ -73,6 +70,9 @@ class NodeConfig:
                                      ' a sensor_msgs/Image; sessions > 1: relative, per robot')
     compressed_cameras: list[str] = param([], 'cameras: feature keys whose topic is a '
                                           'sensor_msgs/CompressedImage (JPEG, PNG)')
+    camera_sync: str = param('newest', "cameras, lockstep: each camera's newest frame, or "
+                             "(stamp) its frame of the joint state's stamp",
+                             choices=('newest', 'stamp'))
     instruction: str = param('', 'cameras, a language policy: the instruction, also while '
                              'running (as one on ~/instruction, std_msgs/String, is); empty at '
                              'configure: steps wait for one', live=True)

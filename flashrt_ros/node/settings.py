@@ -165,6 +165,9 @@ def _camera_setup(cfg, policy):
           cfg.compressed_cameras, f'names cameras the checkpoint lacks: {list(cameras)}')
     _need(not cfg.instruction or tokens, 'instruction', cfg.instruction,
           f'this {cfg.policy_type} checkpoint takes no instruction')
+    _need(cfg.camera_sync == 'newest' or cfg.control_mode == 'lockstep', 'camera_sync',
+          cfg.camera_sync, 'stamp pairs frames with lock-step joint states; a timer step takes '
+          'the newest frames (max_input_age)')
     state_dim = policy.obs_dim - observation_size(0, cameras, tokens)
     _need(len(cfg.joint_names) == state_dim, 'joint_names', cfg.joint_names,
           f'cameras: the {state_dim} joints of the state, in its order (obs_dim {policy.obs_dim}'

@@ -271,6 +271,70 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
         robot.destroy_node()
 
 
+def test_camera_sync_stamp_steps_each_joint_state_on_its_own_frames(make, folder):
+    """camera_sync stamp (a world that renders every step): a joint state waits for each
+    camera's frame of its stamp, so a frame still on its way is waited for, not replaced by
+    the one before; a frame of another stamp does not step it. In timer mode it is refused
+    at configure."""
+    import time
+
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Header
+    import torch
+
+    from support.common import publish_until, wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    topics = {k: f'/sync{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, _ = _camera_node(make, folder, topics, joint_names=joints,
+                                         instruction=TASKS[0], camera_sync='stamp')
+    try:
+        session, rng, frames = h.node.parts.robot.sessions[0], np.random.default_rng(4), []
+
+        def send_frames(sec, images):
+            for pub, (key, image) in zip(cams, images.items()):
+                msg = _image_msgs(image, key, sec)
+                msg.header.stamp = Time(sec=sec)
+                pub.publish(msg)
+
+        def new_images():
+            return {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+                    for k, s in CAMERAS.items()}
+
+        def held(sec):      # the joint state of stamp sec has come, and stepped nothing
+            wait_for(lambda: session.inputs.get('joint_state', (0, None))[1] == (sec, 0),
+                     what='the joint state to reach the node')
+            time.sleep(0.5)
+            return h.client.actions_received() == len(frames)
+
+        for sec in (1, 2):
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            js.publish(JointState(name=joints, header=Header(stamp=Time(sec=sec)),
+                                  position=[float(v) for v in state]))
+            assert held(sec)                    # no frame of its stamp yet
+            older = new_images()                # the step before's: not this one's
+            publish_until(lambda: send_frames(sec - 1, older), lambda: all(
+                session.inputs.get('camera:' + k, (0, None))[1] == (sec - 1, 0)
+                for k in CAMERAS), what='the older frames')
+            assert held(sec)
+            images = new_images()
+            frames.append({'observation.state': torch.from_numpy(state), 'task': TASKS[0],
+                           **{k: torch.from_numpy(as_floats(im)) for k, im in images.items()}})
+            # (best effort: a frame may be lost, so again until the step; one step a stamp)
+            publish_until(lambda: send_frames(sec, images),
+                          lambda: h.client.actions_received() == len(frames),
+                          what='the step on its own frames')
+        assert h.client.wait_actions(2) == h.reference(vectors(folder, frames))
+    finally:
+        robot.destroy_node()
+    timer = make(_params(folder, observation_type='cameras', camera_topics=[
+        f'{k}={t}' for k, t in topics.items()], joint_names=joints, control_mode='timer',
+        camera_sync='stamp'), start=False)
+    assert not timer.client.change_state('configure') and timer.node.parts is None
+
+
 def test_timer_mode_steps_on_the_newest_frames_and_refuses_stale_ones(make, folder):
     """control_mode timer: control_rate steps over the newest frame of each camera and the
     newest joint state, each the engine's action on that observation; once a camera has
