@@ -119,9 +119,7 @@ class ControlLoop:
             published[i] = action = actions[i].numpy()
             self.robot.publish_action(s, action)
             if s.chunk_pub is not None:     # a chunk policy: its chunk, when just computed
-                chunk = engine.policy.fresh_chunk(engine.arena.session_views[i])
-                if chunk is not None:
-                    self.robot.publish_chunk(s, chunk)
+                self.robot.publish_chunk(s, engine.policy, engine.arena.session_views[i])
             if guard.supervisor is None:
                 self.robot.publish_commands(s, action)
             else:
@@ -331,13 +329,15 @@ class ControlLoop:
         camera), answered the old state and are dropped; the readings the state answered last
         are its own (the engine's input tag, which capsules and checkpoints carry). A world
         that re-sends those (it never got their command: the node died or was restored in
-        between) gets the command of the state's last action again, not a second step."""
-        if not self.settings.lockstep:
-            return
+        between) gets the command of the state's last action again, not a second step. In
+        every mode its chunk is owed again (~/action_chunk: the controller plays the old one)."""
         if index is None:
             self._pending_since = None
         for s in self.sessions:
-            if index is None or s.index == index:
+            if index is not None and s.index != index:
+                continue
+            s.chunk_owed = True
+            if self.settings.lockstep:
                 s.forget_readings(self.cameras[s.index].observation if self.cameras else None)
                 s.stepped_tag = self.engine.input_tag(session=s.index)
                 s.resend, s.unsent, s.pending, s.answered = True, None, 0, {}

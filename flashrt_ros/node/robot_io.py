@@ -65,6 +65,7 @@ class SessionIO:
     command_pubs: list = field(default_factory=list)
     safety_pub: object = None     # ~/safety_event, when the safety supervisor is on
     chunk_pub: object = None      # ~/action_chunk, for a chunk policy with action_joint_names
+    chunk_owed: bool = False      # the state was replaced: the next step sends its chunk's rest
 
     def store(self, key, value, stamp=None):
         self.inputs[key] = (value, stamp, time.monotonic())
@@ -279,8 +280,17 @@ class RobotIO:
         for pub in s.command_pubs:
             pub.publish(command_message(pub.msg_type, targets, cfg.joint_names, period))
 
-    def publish_chunk(self, s, chunk):
-        """A chunk the policy just computed ([steps, act_dim]) as a JointTrajectory."""
+    def publish_chunk(self, s, policy, views):
+        """The chunk the policy's latest step computed ([steps, act_dim]) as a JointTrajectory;
+        after the state was replaced (restore, reset, rollback), the rest of the state's chunk
+        from this step's action on, whichever step computed it: the controller would otherwise
+        play the old state's until the next chunk. views: the session's arena views."""
+        chunk = policy.fresh_chunk(views)
+        if chunk is None and s.chunk_owed:
+            chunk = policy.chunk_left(views)
+        s.chunk_owed = False
+        if chunk is None:
+            return
         cfg = self.settings.node
         s.chunk_pub.publish(chunk_message(chunk.astype(np.float64), cfg.action_joint_names,
                                           cfg.chunk_period or 1.0 / cfg.control_rate))

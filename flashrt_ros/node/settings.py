@@ -72,6 +72,9 @@ def build_engine(settings, clock=time.time):
     policy = build_policy(settings.policy, device='cpu',
                           term_history=layout.term_history() if layout else None)
     policy.set_kernels(cfg.kernels)
+    _need(not cfg.action_joint_names or getattr(policy, 'coeff', None) is None,
+          'action_joint_names', cfg.action_joint_names, 'this ACT checkpoint ensembles '
+          '(temporal_ensemble_coeff): one action a step, no chunk for ~/action_chunk')
     return PolicyEngine(policy, device=settings.device, cuda_graph=cfg.cuda_graph,
                         sessions=cfg.sessions, session_names=settings.session_names or None,
                         batch_sessions=cfg.batch_sessions, rollback_depth=cfg.rollback_depth,
@@ -176,6 +179,18 @@ def _camera_setup(cfg, policy):
                        tokens, tokenize, state_dim)
 
 
+def _chunk_output(cfg, policy):
+    """~/action_chunk (action_joint_names): a JointTrajectory whose points are chunk_period
+    apart, the policy's control period; only timer mode knows one of its own."""
+    joints = cfg.action_joint_names
+    _need(len(joints) in (0, policy.act_dim), 'action_joint_names', joints,
+          'must be empty or hold act_dim names')
+    _need(not joints or cfg.chunk_period > 0 or cfg.control_mode == 'timer' and
+          cfg.observation_type in ('terms', 'cameras'), 'chunk_period', cfg.chunk_period,
+          "the seconds between ~/action_chunk's points, the policy's control period: 0 "
+          'means 1 / control_rate, which only steps in timer mode (terms, cameras)')
+
+
 def _session_names(cfg):
     if cfg.sessions == 1:
         _need(not cfg.session_names, 'session_names', cfg.session_names,
@@ -197,10 +212,10 @@ def load_settings(node):
         _need((os.path.isdir if folder else os.path.isfile)(policy.policy_file), 'policy_file',
               policy.policy_file, 'no such folder' if folder else 'no such file')
     if cfg.policy_type in LEROBOT_KINDS:      # they name ~/action_chunk's joints
-        _need(len(cfg.action_joint_names) in (0, policy.act_dim), 'action_joint_names',
-              cfg.action_joint_names, 'must be empty or hold act_dim names')
-    _need(len(set(cfg.joint_names)) == len(cfg.joint_names), 'joint_names', cfg.joint_names,
-          'names a joint twice')
+        _chunk_output(cfg, policy)
+    for name in ('joint_names', 'action_joint_names'):  # (a controller would drop one)
+        names = getattr(cfg, name)
+        _need(len(set(names)) == len(names), name, names, 'names a joint twice')
     layout = targets = cameras = None
     if cfg.observation_type == 'joint_state':
         layout = _joint_state_layout(cfg, policy)

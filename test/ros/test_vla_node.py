@@ -74,8 +74,16 @@ def test_restore_of_the_kv_kind_keeps_the_prefix_across_a_restart(make, folder):
     assert h.steps(obs[-1:]) == h.reference(obs + obs[-1:])[-1:]     # the state unmoved
 
 
-@pytest.mark.parametrize('wrong', [dict(obs_dim=OBS_DIM - 1), dict(act_dim=ACT_DIM + 1),
-                                   dict(policy_file=''), dict(noise_std=0.1)])
+@pytest.mark.parametrize('wrong', [
+    dict(obs_dim=OBS_DIM - 1), dict(act_dim=ACT_DIM + 1), dict(policy_file=''),
+    dict(noise_std=0.1),
+    # a joint named twice: a trajectory controller would leave one joint unset
+    dict(action_joint_names=['a'] * 2 + [f'j{i}' for i in range(ACT_DIM - 2)],
+         chunk_period=0.05),
+    # no chunk_period, ~/observation: 1 / control_rate would not be the policy's period
+    dict(action_joint_names=[f'j{i}' for i in range(ACT_DIM)]),
+    # real-time chunking's settings without rtc_delay: it would be off
+    dict(rtc_queue_threshold=3), dict(rtc_schedule='exp')])
 def test_what_is_not_the_checkpoint_is_refused_at_configure(make, folder, wrong):
     h = make(dict(_params(folder), **wrong), start=False)
     assert not h.client.change_state('configure')
@@ -611,6 +619,33 @@ def test_each_chunk_goes_out_as_a_trajectory_a_controller_takes(make, folder):
             [[float(v) for v in a] for a in actions[k * STEPS:(k + 1) * STEPS]]
 
 
+def test_after_a_restore_mid_chunk_the_rest_of_its_chunk_goes_out_again(make, folder):
+    """A restore mid-chunk replaces the chunk the controller plays: the step after it sends
+    the restored state's rest (its actions from that step on), once, or the controller would
+    play the abandoned branch's trajectory until the next chunk."""
+    import time
+
+    from support.common import wait_for
+    h, names, chunks = _chunk_node(make, folder)
+    obs = vectors(folder, frames(2 * STEPS, seed=5))
+    first = h.steps(obs[:3])                # the first chunk goes out at step 0
+    assert h.call('snapshot', name='mid').success
+    later = h.steps(obs[3:])                # the second at step STEPS
+    wait_for(lambda: len(chunks) == 2, what='two chunks')
+    assert h.call('restore', name='mid').success
+    assert h.steps(obs[3:4]) == later[:1]
+    wait_for(lambda: len(chunks) == 3, what="the restored state's chunk")
+    rest = chunks[2]
+    assert [[float(v) for v in p.positions] for p in rest.points] == \
+        [[float(v) for v in a] for a in (first + later)[3:STEPS]]
+    assert list(rest.joint_names) == names and [
+        p.time_from_start.sec * 10 ** 9 + p.time_from_start.nanosec for p in rest.points] == \
+        [50_000_000 * (i + 1) for i in range(STEPS - 3)]
+    assert h.steps(obs[4:5]) == later[1:2]
+    time.sleep(0.2)
+    assert len(chunks) == 3                 # once after the restore, not every step
+
+
 def test_real_time_chunking_on_the_node(make, folder):
     """rtc_* parameters: the node's actions are the engine's with real-time chunking (itself
     LeRobot's RTC loop bit for bit: test_lerobot_rtc.py), a capsule taken while a chunk is in
@@ -627,12 +662,16 @@ def test_real_time_chunking_on_the_node(make, folder):
     assert h.call('restore', name='flight').success
     assert h.steps(obs[6:]) == later
     # landings at steps 0, 7 and 12 (chunk 8: launched with 3 left, 2 steps later), twice
-    # for 7 and 12 (the replay); each: the actions from its step on, chunk_period apart
-    wait_for(lambda: len(chunks) == 5, what='five chunks')
+    # for 7 and 12 (the replay), after the restored state's rest at 6 (what its queue holds
+    # from step 6 on: actions 6 and 7 of the first chunk); each: the actions from its step
+    # on, chunk_period apart
+    wait_for(lambda: len(chunks) == 6, what='six chunks')
     actions = first + later
-    for traj, (t, until) in zip(chunks, ((0, 7), (7, 12), (12, 14), (7, 12), (12, 14))):
+    for traj, (t, until) in zip(chunks, ((0, 7), (7, 12), (12, 14), (6, 7), (7, 12),
+                                         (12, 14))):
         points = [[float(v) for v in p.positions] for p in traj.points]
-        assert len(points) == (8 if t == 0 else 8 - 2)        # the delay's actions dropped
+        # the delay's actions dropped; the restored rest: two
+        assert len(points) == {0: 8, 6: 2}.get(t, 8 - 2)
         # what the node then published, until the next chunk landed and replaced the rest
         assert points[:until - t] == [[float(v) for v in a] for a in actions[t:until]]
     bad = make(_params(folder, rtc_delay=4, rtc_queue_threshold=4), start=False)
@@ -653,7 +692,7 @@ def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     dim = STATE_DIM + sum(c * h * w for c, h, w in CAMERAS.values())
     names = [f'arm_{i}' for i in range(ACT_DIM)]
     h = make(dict(policy_type='act', policy_file=folder, obs_dim=dim, act_dim=ACT_DIM,
-                  action_joint_names=names))
+                  action_joint_names=names, chunk_period=0.05))
     chunks = []
     sub = h.client_node.create_subscription(
         JointTrajectory, f'/{h.name}/action_chunk', chunks.append, 10)
@@ -665,6 +704,12 @@ def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     assert actions == h.reference(obs)
     wait_for(lambda: len(chunks) == 2, what='two chunks')
     assert [list(p.positions) for p in chunks[0].points] == actions[:STEPS]
+    # an ensembling checkpoint computes no chunk to send: refused, not a silent topic
+    ensembles = act_checkpoint(tmp_path_factory.mktemp('act_te'), temporal_ensemble_coeff=0.01,
+                               n_action_steps=1)
+    bad = make(dict(policy_type='act', policy_file=ensembles, obs_dim=dim, act_dim=ACT_DIM,
+                    action_joint_names=names, chunk_period=0.05), start=False)
+    assert not bad.client.change_state('configure') and bad.node.parts is None
 
 
 def test_a_diffusion_checkpoint_on_the_node(make, tmp_path_factory):

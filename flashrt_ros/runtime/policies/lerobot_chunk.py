@@ -215,6 +215,11 @@ class LeRobotChunkPolicy(Policy):
             return None
         return views['queue'].cpu().numpy()
 
+    def chunk_left(self, views):
+        '''The chunk's actions from the latest step's on (numpy [n, act_dim]), whichever step
+        computed it (a restored state's, to send again).'''
+        return views['queue'][self.steps - int(views['left']) - 1:].cpu().numpy()
+
 
 class LanguageChunkPolicy(LeRobotChunkPolicy):
     '''What the flow-matching VLAs (SmolVLA, Pi0) share: the instruction's token ids and
@@ -321,6 +326,9 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
         '''None with temporal ensembling (each step's action is an average, not one chunk's),
         else the chunk as LeRobotChunkPolicy gives it.'''
         return None if self.coeff is not None else super().fresh_chunk(views)
+
+    def chunk_left(self, views):
+        return None if self.coeff is not None else super().chunk_left(views)
 
 
 def _statistics(kind, cfg, key, feature_type, stats):

@@ -61,6 +61,14 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
                                 'its config; the node sets it (rtc_delay, rtc_queue_threshold, '
                                 '...): save the checkpoint with rtc_config null')
         if rtc_delay < 0:
+            given = {k: v for k, v, off in (('rtc_queue_threshold', rtc_queue_threshold, 0),
+                                            ('rtc_execution_horizon', rtc_execution_horizon, 10),
+                                            ('rtc_schedule', rtc_schedule, 'linear'),
+                                            ('rtc_max_guidance_weight', rtc_max_guidance_weight,
+                                             10.0)) if v != off}
+            if given:       # (ignored, they would leave the robot waiting at every chunk)
+                raise InvalidConfig(f'{self.kind}: {given} set, but real-time chunking is off '
+                                    '(rtc_delay -1): set rtc_delay to turn it on')
             return
         d, threshold, chunk = int(rtc_delay), int(rtc_queue_threshold), self.chunk
         if not (1 <= threshold and d <= threshold < chunk - d):
@@ -236,7 +244,9 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         else None (real-time chunking; else as LeRobotChunkPolicy gives it).'''
         if self.rtc is None:
             return super().fresh_chunk(views)
-        left, _, landed = views['left'].tolist()
-        if not landed:
-            return None
-        return views['queue'][self.chunk - left - 1:].cpu().numpy()
+        return self.chunk_left(views) if views['left'][2] else None
+
+    def chunk_left(self, views):
+        if self.rtc is None:
+            return super().chunk_left(views)
+        return views['queue'][self.chunk - int(views['left'][0]) - 1:].cpu().numpy()
