@@ -21,8 +21,9 @@ their attention mask (1 or 0). Token ids travel as float32, exact below 2**24.
 
 The state is normalised and the actions unnormalised as LeRobot's processor pipeline does it
 (NormalizerProcessorStep / UnnormalizerProcessorStep: the same operations in the same order),
-with the statistics of the checkpoint's policy_preprocessor files (from_pretrained) or given;
-a config that normalises state or actions with no statistics is refused, never run raw.
+with the statistics of the checkpoint's processor files (from_pretrained: the pre-processor's
+for the inputs, the post-processor's for the actions) or given; a config that normalises state
+or actions with no statistics is refused, never run raw.
 
 The step is a host-side branch (pop the queue, or compute a chunk first), so the engine runs
 it eagerly; the chunk's computation itself is one CUDA graph on CUDA (capture()): a function of
@@ -103,13 +104,22 @@ class LeRobotChunkPolicy(Policy):
     @classmethod
     def from_pretrained(cls, folder, cameras=None, seed=0, **options):
         '''A LeRobot checkpoint folder (config.json, model.safetensors and the processor files
-        save_pretrained writes), loaded by LeRobot itself; the statistics are those of its
-        policy_preprocessor's normaliser; options: the class's checkpoint_options.'''
+        save_pretrained writes), loaded by LeRobot itself; the statistics are those LeRobot's
+        pipeline uses: its policy_preprocessor's normaliser's for the inputs, its
+        policy_postprocessor's unnormaliser's for the actions (they may differ: a
+        post-processor saved again with other statistics); options: the class's
+        checkpoint_options.'''
         from lerobot.policies.factory import get_policy_class
-        from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
-        pre = PolicyProcessorPipeline.from_pretrained(
-            folder, config_filename='policy_preprocessor.json')
-        found = [s.stats for s in pre.steps if isinstance(s, NormalizerProcessorStep)]
+        from lerobot.processor import (NormalizerProcessorStep, PolicyProcessorPipeline,
+                                       UnnormalizerProcessorStep)
+        stats = {}
+        for name, step, actions in (('preprocessor', NormalizerProcessorStep, False),
+                                    ('postprocessor', UnnormalizerProcessorStep, True)):
+            pipeline = PolicyProcessorPipeline.from_pretrained(
+                folder, config_filename=f'policy_{name}.json')
+            for s in pipeline.steps:
+                if isinstance(s, step):
+                    stats.update({k: v for k, v in s.stats.items() if (k == 'action') == actions})
         # a refused checkpoint leaves the process as it was: LeRobot's constructor sets the
         # float32 matmul precision when the config asks it to compile
         precision = torch.get_float32_matmul_precision()
@@ -117,8 +127,7 @@ class LeRobotChunkPolicy(Policy):
             lerobot = get_policy_class(cls.kind).from_pretrained(folder)
         finally:
             torch.set_float32_matmul_precision(precision)
-        return cls(lerobot, stats=found[0] if found else None, cameras=cameras, seed=seed,
-                   **options)
+        return cls(lerobot, stats=stats or None, cameras=cameras, seed=seed, **options)
 
     def config(self):
         # what shapes the computation besides the weights; never a path (vlm_model_name): a
