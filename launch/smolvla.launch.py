@@ -52,10 +52,22 @@ def _list(text):
     return [t.strip() for t in text.split(',') if t.strip()]
 
 
+def _typed(a, key, kind):
+    """Launch argument `key` as kind (int, float or str), or an error that names it."""
+    try:
+        return kind(a[key])
+    except ValueError:
+        raise RuntimeError(f'{key}:={a[key]!r} is not '
+                           f'{"an integer" if kind is int else "a number"}') from None
+
+
 def _nodes(context):
     a = {k: LaunchConfiguration(k).perform(context) for k in ARGUMENTS}
     from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_sizes
     kind, obs_dim, act_dim = checkpoint_sizes(a['checkpoint'])
+    if a['action_chunk_topic'] and not _list(a['action_joint_names']):
+        raise RuntimeError('action_chunk_topic: chunks go out only with action_joint_names '
+                           '(the joints of the trajectory)')
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
                                           ('~/action_chunk', a['action_chunk_topic']),
                                           ('joint_states', a['joint_states'])) if dst]
@@ -63,9 +75,9 @@ def _nodes(context):
               'act_dim': act_dim, 'autostart': True, 'observation_type': 'cameras',
               'camera_topics': _list(a['camera_topics']),
               'joint_names': _list(a['joint_names']), 'instruction': a['instruction'],
-              'control_mode': a['control_mode'], 'control_rate': float(a['control_rate']),
+              'control_mode': a['control_mode'], 'control_rate': _typed(a, 'control_rate', float),
               'camera_sync': a['camera_sync'],
-              'device': a['device'], 'chunk_period': float(a['chunk_period'])}
+              'device': a['device'], 'chunk_period': _typed(a, 'chunk_period', float)}
     for key in ('action_joint_names', 'compressed_cameras'):
         if _list(a[key]):      # (an empty list has no type for ROS)
             params[key] = _list(a[key])
@@ -80,7 +92,7 @@ def _nodes(context):
                 raise RuntimeError(f'{k} is an option of {" / ".join(takes[k])}; '
                                    f'{a["checkpoint"]} is a {kind} checkpoint')
             types = {f.name: f.type for f in fields(KINDS[kind][1])}
-            params[k] = types[k](a[k])      # int, float or str, as the node declares it
+            params[k] = _typed(a, k, types[k])  # int, float or str, as the node declares
     policy = Node(package='flashrt_ros', executable='policy_node', name='flashrt_policy',
                   output='screen', remappings=remaps, parameters=[params])
     return [policy]

@@ -124,15 +124,21 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
 
 
 @_needs_ros2
-def test_vision_dtype_on_a_checkpoint_without_that_option_is_refused(tmp_path):
-    """vision_dtype is a Pi0 / Pi0.5 option: given with a SmolVLA checkpoint, the launch ends
-    with an error that says so, before any node starts (it would change nothing)."""
+@pytest.mark.parametrize('argument, words', [
+    # a Pi0 / Pi0.5 option with a SmolVLA checkpoint: it would change nothing
+    ('vision_dtype:=bfloat16', 'vision_dtype is an option of pi0 / pi05;'),
+    ('rtc_delay:=3.0', "rtc_delay:='3.0' is not an integer"),
+    # a controller's topic for chunks that never go out (no joints named)
+    ('action_chunk_topic:=/jtc/joint_trajectory', 'chunks go out only with action_joint_names')])
+def test_arguments_that_cannot_work_end_the_launch_with_their_name(tmp_path, argument, words):
+    """A launch argument that cannot work ends the launch with an error that names it, before
+    any node starts."""
     folder = checkpoint(vlm_folder(tmp_path / 'vlm'), tmp_path / 'checkpoint')
     out = subprocess.run(
         [ROS2, 'launch', 'flashrt_ros', 'smolvla.launch.py', f'checkpoint:={folder}',
          'camera_topics:=' + ','.join(f'{k}=/cam{i}' for i, k in enumerate(CAMERAS)),
-         'joint_names:=a', 'vision_dtype:=bfloat16'], capture_output=True, text=True,
+         'joint_names:=a', argument], capture_output=True, text=True,
         timeout=120, env=dict(os.environ, ROS_HOME=str(tmp_path)))
     assert out.returncode != 0
-    assert 'vision_dtype is an option of pi0 / pi05;' in out.stdout + out.stderr
+    assert words in out.stdout + out.stderr, (out.stdout + out.stderr)[-2000:]
     assert 'policy_node' not in out.stdout + out.stderr
