@@ -213,7 +213,7 @@ def test_an_instruction_longer_than_the_checkpoint_reads_is_told(folders):
     setup = types.SimpleNamespace(cameras=cameras, tokens=tokens, tokenize=tokenize,
                                   state_dim=STATE_DIM)
     cfg = types.SimpleNamespace(joint_names=[f'j{i}' for i in range(STATE_DIM)],
-                                instruction='')
+                                instruction='', camera_sync='newest')
     readings = CameraReadings(setup, cfg, 'cpu', None, log)
     readings.instruction('go')
     assert not warnings and tokenize.length('go') < tokens == TOKENS
