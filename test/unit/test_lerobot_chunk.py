@@ -348,6 +348,40 @@ def test_actions_are_unnormalised_with_the_post_processors_statistics(tmp_path):
         assert torch.equal(engine.step(obs), want)
 
 
+@pytest.mark.parametrize('edit', ['eps', 'norm_map', 'features'])
+def test_inputs_are_normalised_as_the_pre_processors_step_says(tmp_path, edit):
+    """LeRobot's pipeline normalises with its pre-processor step's own eps, norm_map and
+    features (policy_preprocessor.json), not config.json's normalization_mapping: a
+    processor saved with an eps of its own, with cameras left unnormalised, or without one
+    camera among its features still gives the engine LeRobot's actions bit for bit."""
+    import pathlib
+
+    from lerobot.policies.act.modeling_act import ACTPolicy
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = act_checkpoint(tmp_path / 'act')
+    path = pathlib.Path(folder) / 'policy_preprocessor.json'
+    saved = json.loads(path.read_text())
+    (step,) = [s['config'] for s in saved['steps'] if s['registry_name'] == 'normalizer_processor']
+    if edit == 'eps':
+        step['eps'] = 0.25
+    elif edit == 'norm_map':
+        step['norm_map']['VISUAL'] = 'IDENTITY'
+    else:
+        del step['features']['observation.images.wrist']
+    path.write_text(json.dumps(saved))
+    reference = ACTPolicy.from_pretrained(folder).eval()
+    pre, post = pipeline(folder)
+    engine = PolicyEngine(ACTChunkPolicy.from_pretrained(folder), device='cpu',
+                          capsule_dir=str(tmp_path / 'capsules'))
+    for frame in [{k: v for k, v in f.items() if k != 'task'} for f in frames(2, seed=5)]:
+        obs = np.concatenate([frame['observation.state'].numpy(), *[
+            frame[k].numpy().ravel() for k in frame if k.startswith('observation.im')]])
+        want = post(reference.select_action(pre(dict(frame))))[0]
+        assert torch.equal(engine.step(obs), want)
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_act_temporal_ensembling_equals_lerobots_and_a_capsule_replays(tmp_path, device):
     """ACT with temporal_ensemble_coeff: a chunk every step, each action the weighted average

@@ -126,3 +126,38 @@ def checkpoint_inputs(folder):
                 mask.to(torch.float32).numpy())
     tokenize.state_in_prompt, tokenize.length = state_in_prompt, length
     return cameras, tokens, tokenize if tokens else None
+
+
+def processor_statistics(folder):
+    '''What LeRobot's pipeline of a checkpoint folder normalises with, as it applies it:
+    {key: {'mode': ..., 'eps': ..., statistic: values}} from the policy_preprocessor's
+    NormalizerProcessorStep for the inputs and the policy_postprocessor's
+    UnnormalizerProcessorStep for the actions (files of their own: they may differ). A key's
+    mode is the step's norm_map's for its feature type, not config.json's
+    normalization_mapping (the steps are what LeRobot runs; a processor saved again may
+    differ); identity for a feature no step normalises, as in LeRobot's pipeline.'''
+    import lerobot.policies  # noqa: F401 - registers the config classes from_pretrained picks
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.configs.types import FeatureType, NormalizationMode
+    from lerobot.processor import (NormalizerProcessorStep, PolicyProcessorPipeline,
+                                   UnnormalizerProcessorStep)
+    config = PreTrainedConfig.from_pretrained(folder)
+    found = {k: {'mode': 'identity'} for k in (*config.input_features, 'action')}
+    for name, kind, actions in (('preprocessor', NormalizerProcessorStep, False),
+                                ('postprocessor', UnnormalizerProcessorStep, True)):
+        pipeline = PolicyProcessorPipeline.from_pretrained(
+            folder, config_filename=f'policy_{name}.json')
+        steps = [s for s in pipeline.steps if isinstance(s, kind)]
+        if len(steps) > 1:      # each would normalise again
+            raise InvalidConfig(f'{folder}: policy_{name}.json has {len(steps)} '
+                                f'{kind.__name__} steps; one is supported')
+        for step in steps:
+            keys = {'action': FeatureType.ACTION} if actions else {
+                k: f.type for k, f in step.features.items() if f.type != FeatureType.ACTION and
+                (step.normalize_observation_keys is None or
+                 k in step.normalize_observation_keys)}
+            for key, ftype in keys.items():
+                mode = step.norm_map.get(ftype, NormalizationMode.IDENTITY)
+                found[key] = {'mode': mode.value.lower(), 'eps': float(step.eps),
+                              **step.stats.get(key, {})}
+    return found

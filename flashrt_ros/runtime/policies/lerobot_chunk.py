@@ -42,8 +42,8 @@ from ..errors import InvalidConfig, InvalidObservation
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
-from .lerobot_checkpoint import (MASK, observation_size, placeholder_cameras, robot_cameras,
-                                 STATE, TOKENS)
+from .lerobot_checkpoint import (MASK, observation_size, placeholder_cameras,
+                                 processor_statistics, robot_cameras, STATE, TOKENS)
 
 
 # LeRobot's normalisations onto [-1, 1] (the quantile ones Pi0.5's default): mode -> the
@@ -105,21 +105,10 @@ class LeRobotChunkPolicy(Policy):
     def from_pretrained(cls, folder, cameras=None, seed=0, **options):
         '''A LeRobot checkpoint folder (config.json, model.safetensors and the processor files
         save_pretrained writes), loaded by LeRobot itself; the statistics are those LeRobot's
-        pipeline uses: its policy_preprocessor's normaliser's for the inputs, its
-        policy_postprocessor's unnormaliser's for the actions (they may differ: a
-        post-processor saved again with other statistics); options: the class's
-        checkpoint_options.'''
+        pipeline uses, with its steps' modes and eps (processor_statistics); options: the
+        class's checkpoint_options.'''
         from lerobot.policies.factory import get_policy_class
-        from lerobot.processor import (NormalizerProcessorStep, PolicyProcessorPipeline,
-                                       UnnormalizerProcessorStep)
-        stats = {}
-        for name, step, actions in (('preprocessor', NormalizerProcessorStep, False),
-                                    ('postprocessor', UnnormalizerProcessorStep, True)):
-            pipeline = PolicyProcessorPipeline.from_pretrained(
-                folder, config_filename=f'policy_{name}.json')
-            for s in pipeline.steps:
-                if isinstance(s, step):
-                    stats.update({k: v for k, v in s.stats.items() if (k == 'action') == actions})
+        stats = processor_statistics(folder)
         # a refused checkpoint leaves the process as it was: LeRobot's constructor sets the
         # float32 matmul precision when the config asks it to compile
         precision = torch.get_float32_matmul_precision()
@@ -163,7 +152,7 @@ class LeRobotChunkPolicy(Policy):
 
     def _normalised(self, key, x, inverse=False):
         '''LeRobot's NormalizerProcessorStep._apply_transform, the same operations in order.'''
-        mode, prefix, eps = self._modes[key], key.replace('.', '_'), 1e-8
+        (mode, eps), prefix = self._modes[key], key.replace('.', '_')
         if mode == 'mean_std':
             mean, std = getattr(self, prefix + '_mean'), getattr(self, prefix + '_std')
             return x * std + mean if inverse else (x - mean) / (std + eps)
@@ -341,20 +330,23 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
 
 
 def _statistics(kind, cfg, key, feature_type, stats):
-    '''(mode, float32 statistics) of LeRobot's (Un)NormalizerProcessorStep for feature `key`:
-    ('identity', {}), ('mean_std', mean and std) or ('min_max', min and max).'''
+    '''((mode, eps), float32 statistics) of LeRobot's (Un)NormalizerProcessorStep for feature
+    `key`: ('identity', {}), ('mean_std', mean and std) or a bounded mode's bounds. The mode
+    and eps the checkpoint's processor step applies where stats carries them
+    (processor_statistics), else the config's normalization_mapping's and LeRobot's eps.'''
     from lerobot.configs.types import FeatureType, NormalizationMode
-    mode = cfg.normalization_mapping.get(getattr(FeatureType, feature_type),
-                                         NormalizationMode.IDENTITY)
-    if mode == NormalizationMode.IDENTITY:
-        return 'identity', {}
-    names = {'mean_std': ('mean', 'std'), **BOUNDS}.get(mode.value.lower())
+    have = (stats or {}).get(key) or {}
+    mode, eps = have.get('mode'), float(have.get('eps', 1e-8))
+    if mode is None:
+        mode = cfg.normalization_mapping.get(getattr(FeatureType, feature_type),
+                                             NormalizationMode.IDENTITY).value.lower()
+    if mode == 'identity':
+        return (mode, eps), {}
+    names = {'mean_std': ('mean', 'std'), **BOUNDS}.get(mode)
     if names is None:
-        raise InvalidConfig(f'{kind}: normalisation {mode.value} of {key!r} is not supported '
-                            'yet')
-    have = (stats or {}).get(key)
-    if have is None or any(n not in have for n in names):
-        raise InvalidConfig(f'{kind}: the config normalises {key!r} ({mode.value}) and no '
+        raise InvalidConfig(f'{kind}: normalisation {mode} of {key!r} is not supported yet')
+    if any(n not in have for n in names):
+        raise InvalidConfig(f'{kind}: the checkpoint normalises {key!r} ({mode}) and no '
                             f'{"/".join(names)} statistics were given (load the checkpoint '
                             'with from_pretrained, or pass stats=): its actions would be wrong')
-    return mode.value.lower(), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
+    return (mode, eps), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}
