@@ -213,6 +213,9 @@ def load_settings(node):
               policy.policy_file, 'no such folder' if folder else 'no such file')
     if cfg.policy_type in LEROBOT_KINDS:      # they name ~/action_chunk's joints
         _chunk_output(cfg, policy)
+    _need(not cfg.chunk_period or cfg.policy_type in LEROBOT_KINDS and cfg.action_joint_names,
+          'chunk_period', cfg.chunk_period, "spaces ~/action_chunk's points, which only a "
+          'LeRobot chunk policy with action_joint_names publishes (no chunk would go out)')
     for name in ('joint_names', 'action_joint_names'):  # (a controller would drop one)
         names = getattr(cfg, name)
         _need(len(set(names)) == len(names), name, names, 'names a joint twice')

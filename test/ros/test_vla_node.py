@@ -82,6 +82,8 @@ def test_restore_of_the_kv_kind_keeps_the_prefix_across_a_restart(make, folder):
          chunk_period=0.05),
     # no chunk_period, ~/observation: 1 / control_rate would not be the policy's period
     dict(action_joint_names=[f'j{i}' for i in range(ACT_DIM)]),
+    # chunk_period without action_joint_names: no chunk would go out
+    dict(chunk_period=0.05),
     # real-time chunking's settings without rtc_delay: it would be off
     dict(rtc_queue_threshold=3), dict(rtc_schedule='exp')])
 def test_what_is_not_the_checkpoint_is_refused_at_configure(make, folder, wrong):
