@@ -382,6 +382,34 @@ def test_inputs_are_normalised_as_the_pre_processors_step_says(tmp_path, edit):
         assert torch.equal(engine.step(obs), want)
 
 
+@pytest.mark.parametrize('side, edit', [
+    ('preprocessor', {'registry_name': 'image_crop_resize_processor',
+                      'config': {'crop_params_dict': None, 'resize_size': [16, 16]}}),
+    ('preprocessor', 'bfloat16'), ('postprocessor', 'float16'),
+    ('postprocessor', {'registry_name': 'map_delta_action_to_robot_action', 'config': {}})])
+def test_a_processor_step_the_node_does_not_run_is_refused(tmp_path, side, edit):
+    """A step in a checkpoint's processors that LeRobot runs on every observation or action
+    and the engine does not (a resize, a delta-action map), or a device step casting the
+    floats, would make the node's actions differ from LeRobot's without an error: the
+    checkpoint is refused at load, naming it."""
+    import pathlib
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = act_checkpoint(tmp_path / 'act')
+    path = pathlib.Path(folder) / f'policy_{side}.json'
+    saved = json.loads(path.read_text())
+    if isinstance(edit, dict):
+        saved['steps'].insert(1, edit)
+        told = edit['registry_name']
+    else:
+        (step,) = [s['config'] for s in saved['steps'] if s['registry_name'] == 'device_processor']
+        step['float_dtype'] = told = edit
+    path.write_text(json.dumps(saved))
+    with pytest.raises(InvalidConfig, match=told):
+        ACTChunkPolicy.from_pretrained(folder)
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_act_temporal_ensembling_equals_lerobots_and_a_capsule_replays(tmp_path, device):
     """ACT with temporal_ensemble_coeff: a chunk every step, each action the weighted average

@@ -128,6 +128,42 @@ def checkpoint_inputs(folder):
     return cameras, tokens, tokenize if tokens else None
 
 
+# The pre/post-processor steps whose effect the engine reproduces (normalisation, the
+# tokenizer's ids through checkpoint_inputs) or that change no value (renaming keys, batching,
+# moving to a device): any other step would change LeRobot's actions and not the engine's.
+KNOWN_STEPS = {
+    'preprocessor': {'rename_observations_processor', 'to_batch_processor', 'device_processor',
+                     'normalizer_processor', 'tokenizer_processor', 'smolvla_new_line_processor',
+                     'pi0_new_line_processor', 'pi05_prepare_state_tokenizer_processor_step'},
+    'postprocessor': {'unnormalizer_processor', 'device_processor'}}
+
+
+def processor_steps(folder):
+    '''Refuses (InvalidConfig) a checkpoint whose policy_preprocessor.json or
+    policy_postprocessor.json holds a step the engine does not reproduce (a crop, a resize, a
+    delta-action map), or a device step that casts the floats (LeRobot's model would see
+    other inputs than the engine's float32 ones): either way LeRobot's actions and the node's
+    would differ without an error.'''
+    for side, known in KNOWN_STEPS.items():
+        path = Path(folder) / f'policy_{side}.json'
+        try:
+            steps = json.loads(path.read_text())['steps']
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidConfig(f'{path}: not a LeRobot processor file ({exc!r})') from exc
+        for step in steps:
+            name = step.get('registry_name') or step.get('class')
+            if name not in known:
+                raise InvalidConfig(f'{path}: step {name!r} is not one the node reproduces '
+                                    f'({sorted(known)}): LeRobot would run it on every '
+                                    'observation and the node would not')
+            dtype = step.get('config', {}).get('float_dtype') if name == 'device_processor' \
+                else None
+            if dtype not in (None, 'float32'):
+                raise InvalidConfig(f'{path}: its device step casts the floats to {dtype}: '
+                                    'the node feeds the model float32 inputs (save the '
+                                    'processor with float_dtype null)')
+
+
 def processor_statistics(folder):
     '''What LeRobot's pipeline of a checkpoint folder normalises with, as it applies it:
     {key: {'mode': ..., 'eps': ..., statistic: values}} from the policy_preprocessor's
@@ -142,6 +178,7 @@ def processor_statistics(folder):
     from lerobot.processor import (NormalizerProcessorStep, PolicyProcessorPipeline,
                                    UnnormalizerProcessorStep)
     config = PreTrainedConfig.from_pretrained(folder)
+    processor_steps(folder)
     found = {k: {'mode': 'identity'} for k in (*config.input_features, 'action')}
     for name, kind, actions in (('preprocessor', NormalizerProcessorStep, False),
                                 ('postprocessor', UnnormalizerProcessorStep, True)):
