@@ -134,8 +134,12 @@ def checkpoint_inputs(folder):
 KNOWN_STEPS = {
     'preprocessor': {'rename_observations_processor', 'to_batch_processor', 'device_processor',
                      'normalizer_processor', 'tokenizer_processor', 'smolvla_new_line_processor',
-                     'pi0_new_line_processor', 'pi05_prepare_state_tokenizer_processor_step'},
-    'postprocessor': {'unnormalizer_processor', 'device_processor'}}
+                     'pi0_new_line_processor', 'pi05_prepare_state_tokenizer_processor_step',
+                     'relative_actions_processor'},
+    'postprocessor': {'unnormalizer_processor', 'device_processor',
+                      'absolute_actions_processor'}}
+# LeRobot 0.6's Pi0 and Pi0.5 processors hold these always, doing nothing unless enabled
+SWITCHED = {'relative_actions_processor', 'absolute_actions_processor'}
 
 
 def processor_steps(folder):
@@ -156,8 +160,11 @@ def processor_steps(folder):
                 raise InvalidConfig(f'{path}: step {name!r} is not one the node reproduces '
                                     f'({sorted(known)}): LeRobot would run it on every '
                                     'observation and the node would not')
-            dtype = step.get('config', {}).get('float_dtype') if name == 'device_processor' \
-                else None
+            config = step.get('config') or {}
+            if name in SWITCHED and config.get('enabled', True):
+                raise InvalidConfig(f'{path}: step {name!r} is enabled: relative actions are '
+                                    'not supported yet')
+            dtype = config.get('float_dtype') if name == 'device_processor' else None
             if dtype not in (None, 'float32'):
                 raise InvalidConfig(f'{path}: its device step casts the floats to {dtype}: '
                                     'the node feeds the model float32 inputs (save the '
