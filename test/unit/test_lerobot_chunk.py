@@ -386,6 +386,9 @@ def test_inputs_are_normalised_as_the_pre_processors_step_says(tmp_path, edit):
     ('preprocessor', {'registry_name': 'image_crop_resize_processor',
                       'config': {'crop_params_dict': None, 'resize_size': [16, 16]}}),
     ('preprocessor', 'bfloat16'), ('postprocessor', 'float16'),
+    # LeRobot 0.6's Pi0 processors hold it always; enabled, the actions are relative
+    ('preprocessor', {'registry_name': 'relative_actions_processor',
+                      'config': {'enabled': True}}),
     ('postprocessor', {'registry_name': 'map_delta_action_to_robot_action', 'config': {}})])
 def test_a_processor_step_the_node_does_not_run_is_refused(tmp_path, side, edit):
     """A step in a checkpoint's processors that LeRobot runs on every observation or action
