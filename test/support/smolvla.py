@@ -22,11 +22,14 @@ def frames(count, seed=0):
              'task': TASKS[t // 7 % 2]} for t in range(count)]
 
 
-def pipeline(folder):
-    """LeRobot's pre- and post-processor of the checkpoint, as its own scripts load them."""
+def pipeline(folder, device=None):
+    """LeRobot's pre- and post-processor of the checkpoint, as its own scripts load them
+    (device: the run's, over the one the checkpoint names, as lerobot-eval overrides it)."""
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
-    return make_pre_post_processors(PreTrainedConfig.from_pretrained(folder), folder)
+    on = {'device_processor': {'device': device}} if device else {}
+    return make_pre_post_processors(PreTrainedConfig.from_pretrained(folder), folder,
+                                    preprocessor_overrides=on, postprocessor_overrides=on)
 
 
 def vectors(folder, batch):

@@ -224,6 +224,39 @@ def test_an_instruction_longer_than_the_checkpoint_reads_is_told(folders):
     assert mask.all() and len(ids) == TOKENS
 
 
+def test_a_checkpoint_trained_on_a_gpu_loads_without_one(folders, tmp_path):
+    """A checkpoint lerobot-train wrote on a GPU names cuda in its config.json and in its
+    processors' device steps (LeRobot's scripts override them with the run's device): the
+    node loads it on a machine without CUDA too (it asserted there), and its tokens and
+    actions are those of LeRobot's pipeline run on the CPU."""
+    import shutil
+
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    _, folder = folders
+    gpu = tmp_path / 'gpu'
+    shutil.copytree(folder, gpu)
+    for name in ('config.json', 'policy_preprocessor.json', 'policy_postprocessor.json'):
+        saved = json.loads((gpu / name).read_text())
+        for step in saved.get('steps', []):
+            if step['registry_name'] == 'device_processor':
+                step['config']['device'] = 'cuda'
+        if name == 'config.json':
+            saved['device'] = 'cuda'
+        (gpu / name).write_text(json.dumps(saved))
+    _, _, tokenize = checkpoint_inputs(str(gpu))
+    reference, (pre, post) = SmolVLAPolicy.from_pretrained(str(gpu)).eval().to('cpu'), \
+        pipeline(str(gpu), device='cpu')
+    engine = _engine(str(gpu), tmp_path)
+    for t, frame in enumerate(frames(STEPS + 1, seed=2)):
+        noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([t // STEPS]),
+                               CHUNK * 16).view(1, CHUNK, 16)
+        want = post(reference.select_action(pre(dict(frame)), noise=noise))[0]
+        obs = np.concatenate([frame['observation.state'].numpy(),
+                              *[frame[k].numpy().ravel() for k in CAMERAS],
+                              *tokenize(frame['task'])])
+        assert torch.equal(engine.step(obs), want), t
+
+
 def test_a_checkpoint_that_compiles_is_refused_and_changes_nothing(folders, tmp_path):
     """compile_model: LeRobot would compile entry points the engine does not call and, while
     building the policy, switch every float32 matmul of the process to TF32; the load is

@@ -84,7 +84,10 @@ def checkpoint_inputs(folder):
     from lerobot.processor import TokenizerProcessorStep
     checkpoint_type(folder)
     config = PreTrainedConfig.from_pretrained(folder)
-    pre, _ = make_pre_post_processors(config, folder)
+    on_cpu = processor_steps(folder)
+    pre, _ = make_pre_post_processors(config, folder,
+                                      preprocessor_overrides=on_cpu['preprocessor'],
+                                      postprocessor_overrides=on_cpu['postprocessor'])
     step = next((s for s in pre.steps if isinstance(s, TokenizerProcessorStep)), None)
     cameras = robot_cameras(config)
     state_shape = config.input_features[STATE].shape
@@ -147,7 +150,11 @@ def processor_steps(folder):
     policy_postprocessor.json holds a step the engine does not reproduce (a crop, a resize, a
     delta-action map), or a device step that casts the floats (LeRobot's model would see
     other inputs than the engine's float32 ones): either way LeRobot's actions and the node's
-    would differ without an error.'''
+    would differ without an error. Returns each side's from_pretrained overrides that keep
+    its device step on the CPU: a checkpoint trained on a GPU names cuda there (LeRobot's
+    scripts override it with the run's device), which a CPU machine cannot load; the engine
+    moves what it takes from the processors to its own device.'''
+    overrides = {}
     for side, known in KNOWN_STEPS.items():
         path = Path(folder) / f'policy_{side}.json'
         try:
@@ -169,6 +176,9 @@ def processor_steps(folder):
                 raise InvalidConfig(f'{path}: its device step casts the floats to {dtype}: '
                                     'the node feeds the model float32 inputs (save the '
                                     'processor with float_dtype null)')
+        overrides[side] = {'device_processor': {'device': 'cpu'}} if any(
+            s.get('registry_name') == 'device_processor' for s in steps) else {}
+    return overrides
 
 
 def processor_statistics(folder):
@@ -185,12 +195,12 @@ def processor_statistics(folder):
     from lerobot.processor import (NormalizerProcessorStep, PolicyProcessorPipeline,
                                    UnnormalizerProcessorStep)
     config = PreTrainedConfig.from_pretrained(folder)
-    processor_steps(folder)
+    overrides = processor_steps(folder)
     found = {k: {'mode': 'identity'} for k in (*config.input_features, 'action')}
     for name, kind, actions in (('preprocessor', NormalizerProcessorStep, False),
                                 ('postprocessor', UnnormalizerProcessorStep, True)):
         pipeline = PolicyProcessorPipeline.from_pretrained(
-            folder, config_filename=f'policy_{name}.json')
+            folder, config_filename=f'policy_{name}.json', overrides=overrides[name])
         steps = [s for s in pipeline.steps if isinstance(s, kind)]
         if len(steps) > 1:      # each would normalise again
             raise InvalidConfig(f'{folder}: policy_{name}.json has {len(steps)} '
