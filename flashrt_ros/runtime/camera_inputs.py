@@ -62,6 +62,11 @@ def compressed_pixels(data, size=None):
             # 255, an image of another world
             raise InvalidObservation(f'a {image.mode} image (more than 8 bits a pixel: a depth '
                                      'image?); the policy takes 8-bit colour or grey')
+        if image.format == 'PNG' and data[24] > 8:
+            # 16-bit colour (image_transport's png of rgb16): PIL opens it as 8-bit RGB,
+            # keeping each sample's high byte; the IHDR chunk's bit depth tells
+            raise InvalidObservation(f'a {data[24]}-bit {image.mode} PNG (more than 8 bits a '
+                                     'sample); the policy takes 8-bit colour or grey')
         return np.asarray(image.convert('RGB'))
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise InvalidObservation(f'a compressed image PIL cannot decode: {exc}') from exc

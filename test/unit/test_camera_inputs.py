@@ -69,8 +69,8 @@ def test_what_cannot_be_read_is_refused(bad, words):
 
 def test_a_16_bit_png_is_refused_not_clipped():
     """A depth camera's 16-bit grey PNG on a CompressedImage topic: PIL's RGB conversion
-    would clip it at 255 (an image of another world); refused. An 8-bit grey PNG reads as
-    grey RGB."""
+    would clip it at 255 (an image of another world); refused, and so is a 16-bit colour
+    PNG, which PIL would cut to its high bytes. An 8-bit grey PNG reads as grey RGB."""
     from PIL import Image
     depth = (np.arange(48 * 64).reshape(48, 64) * 20).astype(np.uint16)     # up to 61,420
     png = io.BytesIO()
@@ -78,6 +78,17 @@ def test_a_16_bit_png_is_refused_not_clipped():
     assert Image.open(io.BytesIO(png.getvalue())).mode.startswith('I')
     with pytest.raises(InvalidObservation, match='I;16 image .more than 8 bits'):
         compressed_pixels(png.getvalue(), (48, 64))
+    # 16-bit colour and colour with alpha (image_transport's png of rgb16 / rgba16): PIL
+    # opens them as RGB / RGBA, each sample's high byte (1000 -> 3)
+    import png as pypng
+    for planes in (3, 4):
+        colour = np.full((48, 64 * planes), 1000, np.uint16)
+        written = io.BytesIO()
+        pypng.Writer(64, 48, greyscale=False, alpha=planes == 4, bitdepth=16).write(
+            written, colour)
+        assert Image.open(io.BytesIO(written.getvalue())).mode in ('RGB', 'RGBA')
+        with pytest.raises(InvalidObservation, match='16-bit RGBA? PNG .more than 8 bits'):
+            compressed_pixels(written.getvalue(), (48, 64))
     grey = io.BytesIO()
     Image.fromarray((depth >> 8).astype(np.uint8)).save(grey, format='PNG')
     pixels = compressed_pixels(grey.getvalue(), (48, 64))
