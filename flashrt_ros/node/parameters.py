@@ -74,8 +74,8 @@ class NodeConfig:
                              "(stamp) its frame of the joint state's stamp",
                              choices=('newest', 'stamp'))
     instruction: str = param('', 'cameras, a language policy: the instruction, also while '
-                             'running (as one on ~/instruction, std_msgs/String, is); empty at '
-                             'configure: steps wait for one', live=True)
+                             'running (as one on ~/instruction, std_msgs/String, is; empty too); '
+                             'empty at configure: steps wait for one', live=True)
     action_joint_names: list[str] = param([], 'joint_state: publish ~/action as a JointState '
                                           'with these names (empty: Float32MultiArray)')
     observation_terms: list[str] = param([], 'terms: ordered term names; each term is set '

@@ -287,8 +287,7 @@ class PolicyNode(LifecycleNode):
 
     def _instruction_changed(self, text):   # every session's, as on its ~/instruction
         for s, readings in zip(self.parts.loop.sessions, self.parts.loop.cameras or ()):
-            if text:
-                readings.on_instruction(s, text)
+            readings.on_instruction(s, text)    # '' too: the parameter says what runs
 
     def _checkpoint_settings_changed(self, _):
         for guard in self.parts.guards:

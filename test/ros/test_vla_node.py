@@ -165,9 +165,10 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
                 say.publish(String(data=TASKS[1]))
                 wait_for(lambda: readings.text == TASKS[1], what='the new instruction')
             if t == 2 * STEPS:              # and another one, as a parameter (live)
-                assert h.node.set_parameters([Parameter('instruction', value=TASKS[0])])[
-                    0].successful
-                assert readings.text == TASKS[0]
+                for text in ('', TASKS[0]):     # '' too: what the parameter says runs
+                    assert h.node.set_parameters([Parameter('instruction', value=text)])[
+                        0].successful
+                    assert readings.text == text
             images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
                       for k, s in CAMERAS.items()}
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
