@@ -352,24 +352,11 @@ def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path
         assert torch.equal(torch.stack([engine.step(o) for o in obs[STEPS + 2:]]), later)
 
 
-def test_actions_are_unnormalised_with_the_post_processors_statistics(tmp_path):
-    """LeRobot's pipeline unnormalises the actions with its post-processor's statistics (a
-    file of their own), normalises the inputs with its pre-processor's: where a checkpoint's
-    two differ (a post-processor saved again), the engine's actions are still LeRobot's bit
-    for bit, not those of the pre-processor's copy."""
-    import pathlib
-
+def _check_act_equals_lerobots_pipeline(folder, tmp_path):
+    """The engine's ACT on the checkpoint folder acts as LeRobot's pipeline, bit for bit."""
     from lerobot.policies.act.modeling_act import ACTPolicy
-    from safetensors.torch import load_file, save_file
 
     from flashrt_ros.runtime.policies import ACTChunkPolicy
-    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
-    folder = act_checkpoint(tmp_path / 'act')
-    files = list(pathlib.Path(folder).glob('policy_postprocessor_*unnormalizer*.safetensors'))
-    assert len(files) == 1, files
-    saved = load_file(files[0])
-    saved['action.mean'] = saved['action.mean'] + 1.0
-    save_file(saved, files[0])
     reference = ACTPolicy.from_pretrained(folder).eval()
     pre, post = pipeline(folder)
     engine = PolicyEngine(ACTChunkPolicy.from_pretrained(folder), device='cpu',
@@ -381,6 +368,25 @@ def test_actions_are_unnormalised_with_the_post_processors_statistics(tmp_path):
         assert torch.equal(engine.step(obs), want)
 
 
+def test_actions_are_unnormalised_with_the_post_processors_statistics(tmp_path):
+    """LeRobot's pipeline unnormalises the actions with its post-processor's statistics (a
+    file of their own), normalises the inputs with its pre-processor's: where a checkpoint's
+    two differ (a post-processor saved again), the engine's actions are still LeRobot's bit
+    for bit, not those of the pre-processor's copy."""
+    import pathlib
+
+    from safetensors.torch import load_file, save_file
+
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = act_checkpoint(tmp_path / 'act')
+    files = list(pathlib.Path(folder).glob('policy_postprocessor_*unnormalizer*.safetensors'))
+    assert len(files) == 1, files
+    saved = load_file(files[0])
+    saved['action.mean'] = saved['action.mean'] + 1.0
+    save_file(saved, files[0])
+    _check_act_equals_lerobots_pipeline(folder, tmp_path)
+
+
 @pytest.mark.parametrize('edit', ['eps', 'norm_map', 'features'])
 def test_inputs_are_normalised_as_the_pre_processors_step_says(tmp_path, edit):
     """LeRobot's pipeline normalises with its pre-processor step's own eps, norm_map and
@@ -389,9 +395,6 @@ def test_inputs_are_normalised_as_the_pre_processors_step_says(tmp_path, edit):
     camera among its features still gives the engine LeRobot's actions bit for bit."""
     import pathlib
 
-    from lerobot.policies.act.modeling_act import ACTPolicy
-
-    from flashrt_ros.runtime.policies import ACTChunkPolicy
     from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
     folder = act_checkpoint(tmp_path / 'act')
     path = pathlib.Path(folder) / 'policy_preprocessor.json'
@@ -404,15 +407,7 @@ def test_inputs_are_normalised_as_the_pre_processors_step_says(tmp_path, edit):
     else:
         del step['features']['observation.images.wrist']
     path.write_text(json.dumps(saved))
-    reference = ACTPolicy.from_pretrained(folder).eval()
-    pre, post = pipeline(folder)
-    engine = PolicyEngine(ACTChunkPolicy.from_pretrained(folder), device='cpu',
-                          capsule_dir=str(tmp_path / 'capsules'))
-    for frame in [{k: v for k, v in f.items() if k != 'task'} for f in frames(2, seed=5)]:
-        obs = np.concatenate([frame['observation.state'].numpy(), *[
-            frame[k].numpy().ravel() for k in frame if k.startswith('observation.im')]])
-        want = post(reference.select_action(pre(dict(frame))))[0]
-        assert torch.equal(engine.step(obs), want)
+    _check_act_equals_lerobots_pipeline(folder, tmp_path)
 
 
 @pytest.mark.parametrize('side, edit', [
