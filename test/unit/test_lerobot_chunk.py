@@ -257,6 +257,55 @@ def test_a_checkpoint_trained_on_a_gpu_loads_without_one(folders, tmp_path):
         assert torch.equal(engine.step(obs), want), t
 
 
+def test_a_prompt_padded_to_its_own_length_is_padded_to_the_checkpoints(folders, tmp_path):
+    """SmolVLA's default pad_language_to, longest: LeRobot's prompt is as long as each
+    instruction, the engine's shapes are static. tokenize pads it to tokenizer_max_length
+    (masked out) and says so; the actions agree with LeRobot's within a float32 rounding
+    bound (1e-5: the attention sums over more keys, all masked), short prompts and full ones
+    alike. (It failed: the short prompt's ids did not fit the observation.)"""
+    import shutil
+    import types
+
+    from flashrt_ros.node.camera_readings import CameraReadings
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    from support.smolvla import TASKS, TOKENS
+    _, folder = folders
+    longest = tmp_path / 'longest'
+    shutil.copytree(folder, longest)
+    config = json.loads((longest / 'config.json').read_text())
+    config['pad_language_to'] = 'longest'
+    (longest / 'config.json').write_text(json.dumps(config))
+    saved = json.loads((longest / 'policy_preprocessor.json').read_text())
+    (step,) = [s['config'] for s in saved['steps'] if s['registry_name'] == 'tokenizer_processor']
+    step['padding'] = 'longest'
+    (longest / 'policy_preprocessor.json').write_text(json.dumps(saved))
+    cameras, tokens, tokenize = checkpoint_inputs(str(longest))
+    assert tokenize.padded_from == 'longest' and tokens == TOKENS
+    told = []       # the node says so at configure
+    CameraReadings(types.SimpleNamespace(cameras=cameras, tokens=tokens, tokenize=tokenize,
+                                         state_dim=STATE_DIM),
+                   types.SimpleNamespace(joint_names=[f'j{i}' for i in range(STATE_DIM)],
+                                         instruction='', camera_sync='newest'),
+                   'cpu', None, types.SimpleNamespace(warning=told.append))
+    assert len(told) == 1 and 'within float rounding' in told[0]
+    reference, (pre, post) = SmolVLAPolicy.from_pretrained(str(longest)).eval(), \
+        pipeline(str(longest))
+    engine = _engine(str(longest), tmp_path)
+    short = 0
+    for t, frame in enumerate(frames(2 * STEPS, seed=6)):
+        frame['task'] = ('go', TASKS[0])[t // STEPS]
+        fed = pre(dict(frame))
+        short += fed['observation.language.tokens'].shape[-1] < TOKENS
+        noise = gaussian_noise(torch.tensor([SEED]), torch.tensor([t // STEPS]),
+                               CHUNK * 16).view(1, CHUNK, 16)
+        want = post(reference.select_action(fed, noise=noise))[0]
+        obs = np.concatenate([frame['observation.state'].numpy(),
+                              *[frame[k].numpy().ravel() for k in CAMERAS],
+                              *tokenize(frame['task'])])
+        torch.testing.assert_close(engine.step(obs), want, rtol=1e-5, atol=1e-5)
+    assert short == STEPS       # LeRobot's prompt was shorter than the engine's for 'go'
+
+
 def test_a_checkpoint_that_compiles_is_refused_and_changes_nothing(folders, tmp_path):
     """compile_model: LeRobot would compile entry points the engine does not call and, while
     building the policy, switch every float32 matmul of the process to TF32; the load is

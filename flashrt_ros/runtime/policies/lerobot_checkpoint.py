@@ -78,7 +78,13 @@ def checkpoint_inputs(folder):
     LeRobot's tokenizer step cuts a prompt to the checkpoint's tokenizer_max_length. Where
     the prompt holds the state, a cut one loses the state and the "Action:" cue after it:
     tokenize refuses it (InvalidObservation). An instruction alone is only shortened (the
-    model reads no more): tokenize.length(text) is its whole count, for a caller's warning.'''
+    model reads no more): tokenize.length(text) is its whole count, for a caller's warning.
+
+    A checkpoint that pads the prompt only to its own length (SmolVLA's default
+    pad_language_to, 'longest'; tokenize.padded_from says so) gets it padded to
+    tokenizer_max_length, the padding masked out: the engine's shapes are static. Its
+    actions then agree with LeRobot's within float rounding, not bit for bit (attention
+    sums over more, masked, keys).'''
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.processor import TokenizerProcessorStep
@@ -95,6 +101,16 @@ def checkpoint_inputs(folder):
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
     state_in_prompt = config.type == 'pi05'
+    padded_from = None
+    if step is not None:
+        if step.max_length != tokens:
+            raise InvalidConfig(f'{folder}: policy_preprocessor.json tokenizes to '
+                                f'{step.max_length} tokens, config.json says {tokens} '
+                                '(tokenizer_max_length)')
+        if step.padding != 'max_length':
+            # SmolVLA's default pad_language_to, longest: LeRobot's prompt is as long as each
+            # instruction; the engine's is static, padded (masked) to tokenizer_max_length
+            padded_from, step.padding = step.padding, 'max_length'
 
     def frame_of(text, state):
         frame = {**blank, 'task': text}
@@ -128,6 +144,7 @@ def checkpoint_inputs(folder):
         return (out[TOKENS].reshape(-1).to(torch.float32).numpy(),
                 mask.to(torch.float32).numpy())
     tokenize.state_in_prompt, tokenize.length = state_in_prompt, length
+    tokenize.padded_from = padded_from
     return cameras, tokens, tokenize if tokens else None
 
 
