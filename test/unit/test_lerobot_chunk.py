@@ -401,6 +401,22 @@ def test_act_equals_lerobots_pipeline_and_a_capsule_replays(act_folder, tmp_path
         assert torch.equal(torch.stack([engine.step(o) for o in obs[STEPS + 2:]]), later)
 
 
+@pytest.mark.parametrize('kind', ['act', 'diffusion'])
+def test_an_input_the_node_does_not_feed_is_refused(kind):
+    """A checkpoint trained with an environment-state input (ACT and Diffusion Policy take
+    one): the node feeds the state and the cameras only; refused at load, naming it (ACT
+    failed on its first step with a KeyError)."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy, DiffusionChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import act, diffusion
+    policy = (act if kind == 'act' else diffusion)(seed=0)
+    policy.config.input_features['observation.environment_state'] = PolicyFeature(
+        FeatureType.ENV, (4,))
+    with pytest.raises(InvalidConfig, match='observation.environment_state'):
+        (ACTChunkPolicy if kind == 'act' else DiffusionChunkPolicy)(policy)
+
+
 def _check_act_equals_lerobots_pipeline(folder, tmp_path):
     """The engine's ACT on the checkpoint folder acts as LeRobot's pipeline, bit for bit."""
     from lerobot.policies.act.modeling_act import ACTPolicy

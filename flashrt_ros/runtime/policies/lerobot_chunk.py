@@ -81,6 +81,10 @@ class LeRobotChunkPolicy(Policy):
             raise InvalidConfig(f'{self.kind} cameras: {placeholders} are the checkpoint\'s '
                                 'empty_cameras, which LeRobot fills itself (masked out): no '
                                 'camera feeds them')
+        extra = sorted(set(cfg.input_features) - {STATE} - set(cfg.image_features))
+        if extra:
+            raise InvalidConfig(f'{self.kind}: inputs {extra} (an environment state?): the node '
+                                'feeds the state and the cameras only')
         unknown = sorted(set(cams) - set(robot))
         if unknown or not cams or any(len(s) != 3 or s[0] != 3 for s in cams.values()):
             raise InvalidConfig(f'{self.kind} cameras {cams}: each a (3, H, W) image of the '

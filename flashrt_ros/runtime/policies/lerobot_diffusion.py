@@ -16,7 +16,6 @@ the same device (test/unit/test_lerobot_chunk.py).
 
 import torch
 
-from ..errors import InvalidConfig
 from ..state import BufferSpec
 from .lerobot_checkpoint import STATE
 from .lerobot_chunk import LeRobotChunkPolicy
@@ -48,8 +47,6 @@ class DiffusionChunkPolicy(LeRobotChunkPolicy):
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
         cfg = lerobot_policy.config
-        if cfg.env_state_feature is not None:
-            raise InvalidConfig('diffusion: an environment-state input is not supported')
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.history = self.chunk_inputs = int(cfg.n_obs_steps)
         self.order = list(cfg.image_features)       # how LeRobot stacks the cameras
