@@ -504,6 +504,9 @@ def test_a_processor_step_the_node_does_not_run_is_refused(tmp_path, side, edit)
     path.write_text(json.dumps(saved))
     with pytest.raises(InvalidConfig, match=told):
         ACTChunkPolicy.from_pretrained(folder)
+    path.unlink()       # a checkpoint from before the processor files (LeRobot < 0.4)
+    with pytest.raises(InvalidConfig, match='migrate_policy_normalization'):
+        ACTChunkPolicy.from_pretrained(folder)
 
 
 @pytest.mark.parametrize('device', DEVICES)

@@ -174,6 +174,10 @@ def processor_steps(folder):
     overrides = {}
     for side, known in KNOWN_STEPS.items():
         path = Path(folder) / f'policy_{side}.json'
+        if not path.is_file():      # LeRobot < 0.4 kept the normalisation in the model
+            raise InvalidConfig(f'{folder} has no policy_{side}.json: a checkpoint from '
+                                'LeRobot < 0.4? Convert it: python -m lerobot.processor.'
+                                'migrate_policy_normalization --pretrained-path <folder>')
         try:
             steps = json.loads(path.read_text())['steps']
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
