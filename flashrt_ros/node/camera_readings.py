@@ -40,7 +40,7 @@ class CameraReadings:
         self.sync_stamps = cfg.camera_sync == 'stamp'
         self._per_state = setup.tokenize is not None and setup.tokenize.state_in_prompt
         if getattr(setup.tokenize, 'padded_from', None):
-            log.warning(f'the checkpoint pads its prompt to each instruction\'s length '
+            log.warning('the checkpoint pads its prompt to each instruction\'s length '
                         f'({setup.tokenize.padded_from}); the node pads it to '
                         f'{setup.tokens} tokens, masked: its actions agree with LeRobot\'s '
                         'within float rounding, not bit for bit (pad_language_to '

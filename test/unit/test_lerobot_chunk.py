@@ -504,7 +504,17 @@ def test_a_processor_step_the_node_does_not_run_is_refused(tmp_path, side, edit)
     path.write_text(json.dumps(saved))
     with pytest.raises(InvalidConfig, match=told):
         ACTChunkPolicy.from_pretrained(folder)
-    path.unlink()       # a checkpoint from before the processor files (LeRobot < 0.4)
+
+
+def test_a_checkpoint_without_processor_files_is_refused_naming_the_migration(tmp_path):
+    """LeRobot < 0.4 kept the normalisation in the model, with no processor files: refused
+    naming LeRobot's migration script, not with a bare file-not-found."""
+    import pathlib
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = act_checkpoint(tmp_path / 'act')
+    (pathlib.Path(folder) / 'policy_postprocessor.json').unlink()
     with pytest.raises(InvalidConfig, match='migrate_policy_normalization'):
         ACTChunkPolicy.from_pretrained(folder)
 

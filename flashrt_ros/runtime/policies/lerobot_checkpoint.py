@@ -182,6 +182,7 @@ def processor_steps(folder):
             steps = json.loads(path.read_text())['steps']
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
             raise InvalidConfig(f'{path}: not a LeRobot processor file ({exc!r})') from exc
+        overrides[side] = {}
         for step in steps:
             name = step.get('registry_name') or step.get('class')
             if name not in known:
@@ -192,13 +193,13 @@ def processor_steps(folder):
             if name in SWITCHED and config.get('enabled', True):
                 raise InvalidConfig(f'{path}: step {name!r} is enabled: relative actions are '
                                     'not supported yet')
-            dtype = config.get('float_dtype') if name == 'device_processor' else None
-            if dtype not in (None, 'float32'):
-                raise InvalidConfig(f'{path}: its device step casts the floats to {dtype}: '
-                                    'the node feeds the model float32 inputs (save the '
-                                    'processor with float_dtype null)')
-        overrides[side] = {'device_processor': {'device': 'cpu'}} if any(
-            s.get('registry_name') == 'device_processor' for s in steps) else {}
+            if name == 'device_processor':
+                dtype = config.get('float_dtype')
+                if dtype not in (None, 'float32'):
+                    raise InvalidConfig(f'{path}: its device step casts the floats to {dtype}: '
+                                        'the node feeds the model float32 inputs (save the '
+                                        'processor with float_dtype null)')
+                overrides[side] = {'device_processor': {'device': 'cpu'}}
     return overrides
 
 
