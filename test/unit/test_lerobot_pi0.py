@@ -7,6 +7,7 @@ rounding of LeRobot's and exact every time. The model is LeRobot's PI0Policy at
 reduced sizes (support/pi0.py). Pi0 needs LeRobot >= 0.6 (Python >= 3.12): CI's Python 3.11
 has LeRobot 0.4.4, so these run under tools/test_lerobot06.sh and on the GPU machine.
 """
+import contextlib
 from importlib.metadata import version
 
 import numpy as np
@@ -90,6 +91,30 @@ def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(model, tmp_pat
         f'e = _engine(pi0(kind={model[0].config.type!r}), {device!r}, '
         f'pathlib.Path({str(tmp_path)!r}))', later, tmp_path)
     assert torch.equal(fresh, want.cpu())
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_use_amp_runs_as_lerobots_robot_scripts_run_it(model, tmp_path, device, monkeypatch):
+    """A checkpoint saved with use_amp: LeRobot's predict_action (lerobot-record, the
+    rollout) runs it under CUDA's autocast, float16, and as it is on the CPU; the engine
+    likewise: LeRobot's actions bit for bit over three chunks (the kept prefix in the dtype
+    the autocast prefix pass gives), a capsule mid-chunk replayed 8 times; on CUDA they are
+    not the actions without use_amp."""
+    monkeypatch.setattr(model[0].config, 'use_amp', True)
+    engine = _engine(model, device, tmp_path)
+    batch = frames(3 * STEPS + 1, engine.policy.vocabulary, seed=2)
+    got = [engine.step(vector(f)).cpu() for f in batch]
+    with torch.autocast('cuda') if device == 'cuda' else contextlib.nullcontext():
+        want = _lerobots(model, device, batch)
+    assert all(torch.equal(g, w.float()) for g, w in zip(got, want))
+    assert engine.policy.config()['use_amp'] is True
+    obs = [vector(f) for f in batch]
+    check_a_capsule_replays(engine, obs[:STEPS + 1], obs[STEPS + 1:])
+    if device == 'cuda':
+        monkeypatch.setattr(model[0].config, 'use_amp', False)
+        full = _engine(model, device, tmp_path / 'full')
+        assert not torch.equal(torch.stack([full.step(o).cpu() for o in obs]),
+                               torch.stack(got))
 
 
 def _compiled(kind, device, tmp_path, prefix='lerobot', denoise='compiled', dtype='float32'):

@@ -11,6 +11,9 @@ from ..errors import InvalidConfig, InvalidObservation
 
 STATE, TOKENS, MASK = 'observation.state', 'observation.language.tokens', \
     'observation.language.attention_mask'
+# LeRobot's normalisations onto [-1, 1] (the quantile ones Pi0.5's default): mode -> the
+# statistics that bound it
+BOUNDS = {'min_max': ('min', 'max'), 'quantiles': ('q01', 'q99'), 'quantile10': ('q10', 'q90')}
 
 
 def checkpoint_type(folder):
@@ -237,3 +240,26 @@ def processor_statistics(folder):
                 found[key] = {'mode': mode.value.lower(), 'eps': float(step.eps),
                               **step.stats.get(key, {})}
     return found
+
+
+def feature_statistics(kind, cfg, key, feature_type, stats):
+    '''((mode, eps), float32 statistics) of LeRobot's (Un)NormalizerProcessorStep for feature
+    `key`: ('identity', {}), ('mean_std', mean and std) or a bounded mode's bounds. The mode
+    and eps the checkpoint's processor step applies where stats carries them
+    (processor_statistics), else the config's normalization_mapping's and LeRobot's eps.'''
+    from lerobot.configs.types import FeatureType, NormalizationMode
+    have = (stats or {}).get(key) or {}
+    mode, eps = have.get('mode'), float(have.get('eps', 1e-8))
+    if mode is None:
+        mode = cfg.normalization_mapping.get(getattr(FeatureType, feature_type),
+                                             NormalizationMode.IDENTITY).value.lower()
+    if mode == 'identity':
+        return (mode, eps), {}
+    names = {'mean_std': ('mean', 'std'), **BOUNDS}.get(mode)
+    if names is None:
+        raise InvalidConfig(f'{kind}: normalisation {mode} of {key!r} is not supported yet')
+    if any(n not in have for n in names):
+        raise InvalidConfig(f'{kind}: the checkpoint normalises {key!r} ({mode}) and no '
+                            f'{"/".join(names)} statistics were given (load the checkpoint '
+                            'with from_pretrained, or pass stats=): its actions would be wrong')
+    return (mode, eps), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}

@@ -36,19 +36,17 @@ computes with host-synchronising ops, are recorded from transformers' own comput
 Real-time chunking (the next chunk computed while the queue plays) is in lerobot_rtc.py.
 '''
 
+from contextlib import nullcontext
+
 import torch
 
 from ..errors import InvalidConfig, InvalidObservation
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
-from .lerobot_checkpoint import (MASK, observation_size, placeholder_cameras,
-                                 processor_statistics, robot_cameras, STATE, TOKENS)
-
-
-# LeRobot's normalisations onto [-1, 1] (the quantile ones Pi0.5's default): mode -> the
-# statistics that bound it
-BOUNDS = {'min_max': ('min', 'max'), 'quantiles': ('q01', 'q99'), 'quantile10': ('q10', 'q90')}
+from .lerobot_checkpoint import (BOUNDS, feature_statistics, MASK, observation_size,
+                                 placeholder_cameras, processor_statistics, robot_cameras,
+                                 STATE, TOKENS)
 
 
 class LeRobotChunkPolicy(Policy):
@@ -92,6 +90,8 @@ class LeRobotChunkPolicy(Policy):
         super().__init__(observation_size(state_dim, cams, self.tokens),
                          cfg.output_features['action'].shape[0], seed=seed)
         self.lerobot = lerobot_policy.eval()
+        # LeRobot's robot-side scripts run a use_amp checkpoint under autocast on CUDA
+        self.amp = bool(getattr(cfg, 'use_amp', False))
         self.state_dim, self.cameras = state_dim, cams
         # a chunk's length (Diffusion Policy calls it the horizon) and the actions used of it
         self.chunk = int(getattr(cfg, 'chunk_size', None) or cfg.horizon)
@@ -100,7 +100,7 @@ class LeRobotChunkPolicy(Policy):
         self._modes, device = {}, next(lerobot_policy.parameters()).device
         for key, ftype in ((STATE, 'STATE'), ('action', 'ACTION'),
                            *((k, 'VISUAL') for k in cams)):
-            self._modes[key], found = _statistics(self.kind, cfg, key, ftype, stats)
+            self._modes[key], found = feature_statistics(self.kind, cfg, key, ftype, stats)
             for name, value in found.items():
                 self.register_buffer(f'{key.replace(".", "_")}_{name}', value.to(device))
         self._chunk_graph = None
@@ -129,7 +129,8 @@ class LeRobotChunkPolicy(Policy):
         return {**super().config(), 'cameras': sorted(self.cameras.items()),
                 'n_action_steps': self.steps, 'tokens': self.tokens, 'normalisation': sorted(
                     (k, v) for k, v in self._modes.items()),
-                **{k: repr(getattr(cfg, k, None)) for k in self.computation}}
+                **{k: repr(getattr(cfg, k, None)) for k in self.computation},
+                **({'use_amp': True} if self.amp else {})}
 
     def state_specs(self):
         return [BufferSpec('queue', (self.steps, self.act_dim), torch.float32, 'chunk'),
@@ -155,15 +156,17 @@ class LeRobotChunkPolicy(Policy):
         return batch
 
     def _normalised(self, key, x, inverse=False):
-        '''LeRobot's NormalizerProcessorStep._apply_transform, the same operations in order.'''
+        '''LeRobot's NormalizerProcessorStep._apply_transform, the same operations in order,
+        its statistics cast to x's dtype as it casts them (float16 actions under autocast).'''
         (mode, eps), prefix = self._modes[key], key.replace('.', '_')
         if mode == 'mean_std':
-            mean, std = getattr(self, prefix + '_mean'), getattr(self, prefix + '_std')
+            mean, std = (getattr(self, prefix + n).to(x.dtype) for n in ('_mean', '_std'))
             return x * std + mean if inverse else (x - mean) / (std + eps)
         if mode in BOUNDS:
-            low, high = (getattr(self, f'{prefix}_{n}') for n in BOUNDS[mode])
+            low, high = (getattr(self, f'{prefix}_{n}').to(x.dtype) for n in BOUNDS[mode])
             span = high - low
-            span = torch.where(span == 0, torch.tensor(eps, device=x.device), span)
+            span = torch.where(span == 0, torch.tensor(eps, device=x.device, dtype=x.dtype),
+                               span)
             if mode == 'min_max':   # LeRobot orders the two formulas' operations differently
                 return (x + 1) / 2 * span + low if inverse else 2 * (x - low) / span - 1
             return (x + 1.0) * span / 2.0 + low if inverse else 2.0 * (x - low) / span - 1.0
@@ -177,9 +180,19 @@ class LeRobotChunkPolicy(Policy):
         self._chunk_rng = torch.zeros(2, dtype=torch.int64, device=self.device)
         self._chunk_graph = StepGraph(self._chunk_fn, self.device, enabled, host_constants=True)
 
+    def autocast(self):
+        '''The autocast LeRobot's robot-side scripts (lerobot-record's predict_action, the
+        rollout) run the computation under: CUDA's default, float16, for a use_amp checkpoint
+        on CUDA; none on the CPU, where they ignore use_amp. Not cached: a cast kept past the
+        context would outlive a graph's capture.'''
+        if self.amp and self.device.type == 'cuda':
+            return torch.autocast('cuda', cache_enabled=False)
+        return nullcontext()
+
     @torch.no_grad()
     def _chunk_fn(self):
-        self._chunk_out = self._chunk(self._inputs(self._chunk_obs))
+        with self.autocast():
+            self._chunk_out = self._chunk(self._inputs(self._chunk_obs))
 
     def _replay(self, obs):
         '''The chunk's computation on obs (and the session's rng counter, which it then
@@ -281,8 +294,12 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
                    'use_vae', 'latent_dim', 'feedforward_activation', 'temporal_ensemble_coeff')
 
     def __init__(self, lerobot_policy, stats=None, cameras=None, seed=0):
+        cfg = lerobot_policy.config
+        if getattr(cfg, 'use_amp', False) and cfg.temporal_ensemble_coeff is not None:
+            # its running averages round to float16 after each in-place operation there
+            raise InvalidConfig('act: use_amp with temporal ensembling is not supported yet')
         super().__init__(lerobot_policy, stats, cameras, seed)
-        self.coeff = lerobot_policy.config.temporal_ensemble_coeff
+        self.coeff = cfg.temporal_ensemble_coeff
         if self.coeff is not None:
             # ACTTemporalEnsembler's weights, computed as it computes them (on the CPU)
             weights = torch.exp(-self.coeff * torch.arange(self.chunk))
@@ -331,26 +348,3 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
 
     def chunk_left(self, views):
         return None if self.coeff is not None else super().chunk_left(views)
-
-
-def _statistics(kind, cfg, key, feature_type, stats):
-    '''((mode, eps), float32 statistics) of LeRobot's (Un)NormalizerProcessorStep for feature
-    `key`: ('identity', {}), ('mean_std', mean and std) or a bounded mode's bounds. The mode
-    and eps the checkpoint's processor step applies where stats carries them
-    (processor_statistics), else the config's normalization_mapping's and LeRobot's eps.'''
-    from lerobot.configs.types import FeatureType, NormalizationMode
-    have = (stats or {}).get(key) or {}
-    mode, eps = have.get('mode'), float(have.get('eps', 1e-8))
-    if mode is None:
-        mode = cfg.normalization_mapping.get(getattr(FeatureType, feature_type),
-                                             NormalizationMode.IDENTITY).value.lower()
-    if mode == 'identity':
-        return (mode, eps), {}
-    names = {'mean_std': ('mean', 'std'), **BOUNDS}.get(mode)
-    if names is None:
-        raise InvalidConfig(f'{kind}: normalisation {mode} of {key!r} is not supported yet')
-    if any(n not in have for n in names):
-        raise InvalidConfig(f'{kind}: the checkpoint normalises {key!r} ({mode}) and no '
-                            f'{"/".join(names)} statistics were given (load the checkpoint '
-                            'with from_pretrained, or pass stats=): its actions would be wrong')
-    return (mode, eps), {n: torch.as_tensor(have[n], dtype=torch.float32) for n in names}

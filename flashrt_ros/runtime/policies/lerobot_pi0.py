@@ -72,7 +72,8 @@ class Pi0ChunkPolicy(RealTimeChunkPolicy):
         if vision_dtype == 'bfloat16' and cfg.dtype != 'bfloat16':
             raise InvalidConfig(f'{self.kind}: vision_dtype bfloat16 needs a bfloat16 model '
                                 f'(the checkpoint\'s dtype is {cfg.dtype})')
-        check_kernels(self.kind, denoise_kernels, prefix_kernels, rtc.get('rtc_delay', -1))
+        check_kernels(self.kind, denoise_kernels, prefix_kernels, rtc.get('rtc_delay', -1),
+                      cfg.use_amp, f'vision_dtype {vision_dtype}' * (vision_dtype != 'float32'))
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.setup_rtc(**rtc)
         self.vision_dtype = vision_dtype

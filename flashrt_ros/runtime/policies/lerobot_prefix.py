@@ -54,9 +54,18 @@ KERNELS = ('lerobot', 'compiled')
 FUSED = 'fused'
 
 
-def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1):
+def check_kernels(kind, denoise='lerobot', prefix='lerobot', rtc_delay=-1, amp=False,
+                  cast=None):
     '''InvalidConfig for denoise_kernels / prefix_kernels values that cannot work (before
-    anything changes).'''
+    anything changes). amp: the checkpoint's use_amp, which only LeRobot's own kernels run as
+    LeRobot's scripts do (autocast); cast: the option that casts a part to bfloat16, if set.'''
+    other = [f'{o} {k}' for o, k in (('denoise_kernels', denoise), ('prefix_kernels', prefix))
+             if k != 'lerobot'] + [cast] * bool(cast) + ['rtc_delay'] * (rtc_delay >= 0)
+    if amp and other:
+        raise InvalidConfig(f'{kind}: use_amp (LeRobot runs the checkpoint under float16 '
+                            f'autocast on CUDA) with {", ".join(other)} is not supported yet '
+                            '(not measured); or save it with use_amp false (its actions on '
+                            'CUDA then differ from LeRobot\'s scripts\' by float16 rounding)')
     for option, kernels in (('denoise_kernels', denoise), ('prefix_kernels', prefix)):
         if kernels not in KERNELS and not (option == 'denoise_kernels' and kernels == FUSED):
             raise InvalidConfig(f'{kind}: {option} {kernels!r}: lerobot (LeRobot\'s own) or '
@@ -169,8 +178,8 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
 
     def state_specs(self):
-        if self.kv_shape is None:   # from one prefix pass on zeros, on the policy's device
-            with torch.no_grad():
+        if self.kv_shape is None or self.amp:   # from one prefix pass on zeros, on the
+            with torch.no_grad(), self.autocast():  # policy's device (float16 under autocast)
                 self.learn_layout(*self._prefix(self._inputs(
                     torch.zeros(self.obs_dim, device=self.device))))
         cache = (self.layers, *self.kv_shape)
@@ -203,6 +212,9 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
     def _chunk(self, batch):
         kv, pad = self._prefix(batch)
         c = self._cache
+        if kv[0][0].dtype != c['prefix_k'].dtype:   # never a silent cast (checked at capture)
+            raise RuntimeError(f'{self.kind}: the prefix pass gave {kv[0][0].dtype} keys, the '
+                               f'kept prefix is {c["prefix_k"].dtype}')
         c['prefix_k'].copy_(torch.stack([k for k, _ in kv]))
         c['prefix_v'].copy_(torch.stack([v for _, v in kv]))
         c['prefix_pad'].copy_(pad)
@@ -224,7 +236,8 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
 
     @torch.no_grad()
     def _denoise_fn(self):
-        self._denoise_out = self._denoise(self._inputs(self._chunk_obs))
+        with self.autocast():
+            self._denoise_out = self._denoise(self._inputs(self._chunk_obs))
 
     def _dynamic_cache(self):
         '''The kept prefix as a transformers DynamicCache, filled as the prefix pass fills it

@@ -43,7 +43,8 @@ class SmolVLAChunkPolicy(RealTimeChunkPolicy):
                  denoise_kernels='lerobot', expert_dtype='float32', prefix_kernels='lerobot',
                  **rtc):
         cfg = lerobot_policy.config
-        check_kernels(self.kind, denoise_kernels, prefix_kernels, rtc.get('rtc_delay', -1))
+        check_kernels(self.kind, denoise_kernels, prefix_kernels, rtc.get('rtc_delay', -1),
+                      cfg.use_amp, f'expert_dtype {expert_dtype}' * (expert_dtype != 'float32'))
         if expert_dtype not in ('float32', 'bfloat16'):
             raise InvalidConfig(f'smolvla: expert_dtype {expert_dtype!r}: float32 (LeRobot\'s) '
                                 'or bfloat16')
