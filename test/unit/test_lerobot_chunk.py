@@ -519,6 +519,26 @@ def test_a_checkpoint_without_processor_files_is_refused_naming_the_migration(tm
         ACTChunkPolicy.from_pretrained(folder)
 
 
+def test_a_peft_adapter_is_refused_naming_its_base(tmp_path):
+    """A checkpoint lerobot-train saved with use_peft holds an adapter; LeRobot loads the base
+    policy its adapter_config.json names (often a hub id) under it: refused by name, with the
+    merge that makes a folder the node loads."""
+    import pathlib
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy, make_policy
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = pathlib.Path(act_checkpoint(tmp_path / 'act'))
+    config = json.loads((folder / 'config.json').read_text())
+    (folder / 'config.json').write_text(json.dumps({**config, 'use_peft': True}))
+    (folder / 'adapter_config.json').write_text(json.dumps(
+        {'peft_type': 'LORA', 'base_model_name_or_path': 'lerobot/smolvla_base'}))
+    for call in (lambda: ACTChunkPolicy.from_pretrained(folder),
+                 lambda: make_policy('act', 1, ACT_DIM, file=str(folder))):
+        with pytest.raises(InvalidConfig, match='PEFT adapter .* on lerobot/smolvla_base: '
+                                                'merge it'):
+            call()
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_act_temporal_ensembling_equals_lerobots_and_a_capsule_replays(tmp_path, device):
     """ACT with temporal_ensemble_coeff: a chunk every step, each action the weighted average

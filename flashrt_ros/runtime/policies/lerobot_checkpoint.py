@@ -28,7 +28,22 @@ def checkpoint_type(folder):
     kind = config.get('type') if isinstance(config, dict) else None
     if not isinstance(kind, str):
         raise InvalidConfig(f'{path} names no policy "type": not a LeRobot policy config')
+    if config.get('use_peft'):
+        # LeRobot loads the base policy the adapter's config names (often a hub id) under it
+        base = _json(Path(folder) / 'adapter_config.json').get('base_model_name_or_path')
+        raise InvalidConfig(f'{folder} is a PEFT adapter (use_peft) on {base or "a base policy"}'
+                            ': merge it into its base (peft\'s merge_and_unload, then '
+                            'save_pretrained with use_peft false) and load that folder')
     return kind
+
+
+def _json(path):
+    '''The dict a JSON file holds, {} when it holds none or cannot be read.'''
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def observation_size(state_dim, cameras, tokens):

@@ -44,7 +44,8 @@ from ..errors import InvalidConfig, InvalidObservation
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
-from .lerobot_checkpoint import (BOUNDS, feature_statistics, MASK, observation_size,
+from .lerobot_checkpoint import (BOUNDS, checkpoint_type, feature_statistics, MASK,
+                                 observation_size,
                                  placeholder_cameras, processor_statistics, robot_cameras,
                                  STATE, TOKENS)
 
@@ -112,6 +113,7 @@ class LeRobotChunkPolicy(Policy):
         pipeline uses, with its steps' modes and eps (processor_statistics); options: the
         class's checkpoint_options.'''
         from lerobot.policies.factory import get_policy_class
+        checkpoint_type(folder)     # a folder that is no checkpoint, or an adapter, by name
         stats = processor_statistics(folder)
         # a refused checkpoint leaves the process as it was: LeRobot's constructor sets the
         # float32 matmul precision when the config asks it to compile
