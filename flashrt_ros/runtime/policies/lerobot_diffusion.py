@@ -74,12 +74,13 @@ class DiffusionChunkPolicy(LeRobotChunkPolicy):
     def _chunk_fn(self):
         # LeRobot's queues hold each observation normalised as it came; normalising the raw
         # history here runs the same elementwise operations on the same values
-        rows = [self._inputs(o) for o in self._chunk_obs.view(self.history, -1)]
-        batch = {STATE: torch.stack([r[STATE] for r in rows], dim=1),
-                 IMAGES: torch.stack([torch.stack([r[k] for k in self.order], dim=-4)
-                                      for r in rows], dim=1)}
-        actions = self.lerobot.diffusion.generate_actions(batch)[0]
-        self._chunk_out = {'queue': self._normalised('action', actions, True)}
+        with self.autocast():
+            rows = [self._inputs(o) for o in self._chunk_obs.view(self.history, -1)]
+            batch = {STATE: torch.stack([r[STATE] for r in rows], dim=1),
+                     IMAGES: torch.stack([torch.stack([r[k] for k in self.order], dim=-4)
+                                          for r in rows], dim=1)}
+            actions = self.lerobot.diffusion.generate_actions(batch)[0]
+            self._chunk_out = {'queue': self._normalised('action', actions, True)}
 
     def _replay(self, history):
         seed, counter = self.views['rng'].tolist()      # one read of the device, per chunk
