@@ -43,7 +43,7 @@ def action_message(msg_type, action, joint_names=(), stamp=None):
         out.position = action.astype('float64').tolist()
         return out
     out = Float32MultiArray()
-    out.data = array.array('f', action.tobytes())
+    out.data = array.array('f', action.astype('float32', copy=False).tobytes())
     return out
 
 

@@ -9,6 +9,8 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
     [compressed_cameras:=observation.images.wrist] [joint_states:=/joint_states]
     [control_mode:=timer control_rate:=30.0] [camera_sync:=newest|stamp (lockstep)]
     [action_joint_names:=<the arm's joints>]
+    [joint_scale:=57.29578,... joint_offset:=0.0,...]  (the checkpoint's units per ROS unit
+                                 and its 0, per joint of joint_names: a LeRobot arm's degrees)
     [chunk_period:=0.0] [device:=auto] [action_topic:=/robot/cmd]
     [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
@@ -39,7 +41,7 @@ from flashrt_ros.runtime.policies.lerobot_rtc import RTC_OPTIONS
 ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
              'instruction': '', 'compressed_cameras': '', 'joint_states': '/joint_states',
              'control_mode': 'timer', 'control_rate': '30.0', 'camera_sync': 'newest',
-             'action_joint_names': '',
+             'action_joint_names': '', 'joint_scale': '', 'joint_offset': '',
              'chunk_period': '0.0', 'device': 'auto', 'action_topic': '',
              'action_chunk_topic': '', 'vision_dtype': '', 'denoise_kernels': '',
              'expert_dtype': '', 'prefix_kernels': '', **{k: '' for k in RTC_OPTIONS}}
@@ -81,6 +83,12 @@ def _nodes(context):
     for key in ('action_joint_names', 'compressed_cameras'):
         if _list(a[key]):      # (an empty list has no type for ROS)
             params[key] = _list(a[key])
+    for key in ('joint_scale', 'joint_offset'):
+        if _list(a[key]):
+            try:
+                params[key] = [float(v) for v in _list(a[key])]
+            except ValueError:
+                raise RuntimeError(f'{key}:={a[key]!r} is not a list of numbers') from None
     given = [k for k in OPTIONS if a[k]]
     if given:
         from dataclasses import fields

@@ -29,10 +29,12 @@ class CameraReadings:
 
     def __init__(self, setup, cfg, device, report, log, vector=None):
         self.setup, self.report, self.log = setup, report, log
-        # the state read by name as joint_state observations read it (settings: one joint_pos
-        # term, unscaled): joints missing, named twice or not finite are refused there
-        self._state = ObservationLayout([{'name': 'joint_pos', 'offset': [0.0]}],
-                                        cfg.joint_names, [], len(cfg.joint_names))
+        # the state read by name as joint_state observations read it (one joint_pos term, in
+        # the checkpoint's units: joint_offset, joint_scale): joints missing, named twice or
+        # not finite are refused there
+        self._state = ObservationLayout(
+            [{'name': 'joint_pos', 'offset': cfg.joint_offset or [0.0],
+              'scale': cfg.joint_scale or [1.0]}], cfg.joint_names, [], len(cfg.joint_names))
         self.observation = CameraObservation(setup.state_dim, setup.cameras, setup.tokens,
                                              device, vector)
         self.text = None            # the instruction as given

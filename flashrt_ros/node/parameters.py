@@ -65,6 +65,14 @@ class NodeConfig:
         choices=('float32_array', 'joint_state', 'terms', 'cameras'))
     joint_names: list[str] = param([], 'robot joints in action order (joint_state and '
                                    'terms); cameras: the joints of the state, in its order')
+    joint_scale: list[float] = param([], "cameras: the checkpoint's units per ROS unit, one "
+                                     'per joint of joint_names (LeRobot\'s arm drivers record '
+                                     'degrees, or -100..100 by calibration): the state is '
+                                     '(position - joint_offset) * joint_scale, an action of '
+                                     'action_joint_names goes out as value / joint_scale + '
+                                     'joint_offset; empty: the checkpoint reads ROS units')
+    joint_offset: list[float] = param([], "cameras: each joint's ROS position that is the "
+                                      "checkpoint's 0 (joint_scale); empty: 0")
     camera_topics: list[str] = param([], "cameras: one 'feature key=topic' per camera of the "
                                      "checkpoint ('observation.images.top=/camera/image_raw'),"
                                      ' a sensor_msgs/Image; sessions > 1: relative, per robot')

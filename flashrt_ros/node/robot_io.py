@@ -258,11 +258,19 @@ class RobotIO:
 
     # -- outputs ---------------------------------------------------------------------------------
 
+    def in_ros_units(self, actions):
+        """Actions (numpy, [..., act_dim]) as the robot takes them: with joint_scale /
+        joint_offset (cameras) value / scale + offset in float64, else as they are."""
+        units = self.settings.cameras and self.settings.cameras.action_units
+        if units is None:
+            return actions
+        return actions.astype(np.float64) / units[0] + units[1]
+
     def publish_action(self, s, action):
         pub = s.action_pub
         stamp = self.now() if pub.msg_type is JointState else None
-        pub.publish(action_message(pub.msg_type, action, self.settings.node.action_joint_names,
-                                   stamp))
+        pub.publish(action_message(pub.msg_type, self.in_ros_units(action),
+                                   self.settings.node.action_joint_names, stamp))
 
     def publish_commands(self, s, action):
         if s.command_pubs:
@@ -292,7 +300,8 @@ class RobotIO:
         if chunk is None:
             return
         cfg = self.settings.node
-        s.chunk_pub.publish(chunk_message(chunk.astype(np.float64), cfg.action_joint_names,
+        s.chunk_pub.publish(chunk_message(self.in_ros_units(chunk).astype(np.float64),
+                                          cfg.action_joint_names,
                                           cfg.chunk_period or 1.0 / cfg.control_rate))
 
     def publish_safety_event(self, s, stamp, detector, detail, response, trip_capsule,

@@ -7,12 +7,14 @@ layout and joint targets (for cameras observations, the cameras' setup). Every r
 several parameters lives here, and each refusal names the parameter to change.
 """
 from dataclasses import dataclass, field
+import math
 import os
 import re
 import time
 
 from rclpy.exceptions import InvalidTopicNameException
 from rclpy.validate_topic_name import validate_topic_name
+import numpy as np
 import torch
 
 from flashrt_ros.node import parameters
@@ -63,6 +65,7 @@ class CameraSetup:
     tokens: int             # the instruction's token count (0: the policy takes none)
     tokenize: object        # checkpoint_inputs' tokenize(text, state=None), or None
     state_dim: int
+    action_units: tuple = None  # (scale, offset) per action joint (joint_scale), or None
 
 
 def build_engine(settings, clock=time.time):
@@ -176,7 +179,30 @@ def _camera_setup(cfg, policy):
           f'cameras: the {state_dim} joints of the state, in its order (obs_dim {policy.obs_dim}'
           ' less the images and tokens)')
     return CameraSetup({k: topics[k] for k in cameras}, set(cfg.compressed_cameras), cameras,
-                       tokens, tokenize, state_dim)
+                       tokens, tokenize, state_dim, _action_units(cfg))
+
+
+def _action_units(cfg):
+    """joint_scale / joint_offset checked: (scale, offset) float64 arrays in
+    action_joint_names order, to turn the checkpoint's actions into ROS units; None without
+    them (the checkpoint's units are ROS's)."""
+    joints = cfg.joint_names
+    for name in ('joint_scale', 'joint_offset'):
+        values = getattr(cfg, name)
+        _need(len(values) in (0, len(joints)) and all(map(math.isfinite, values)), name,
+              values, f'empty, or one finite value per joint of joint_names ({len(joints)})')
+    _need(0.0 not in cfg.joint_scale, 'joint_scale', cfg.joint_scale,
+          'a joint scaled by 0 reads nothing, and its actions could not go back')
+    if not (cfg.joint_scale or cfg.joint_offset):
+        return None
+    actions = cfg.action_joint_names
+    _need(actions and set(actions) <= set(joints), 'action_joint_names', actions,
+          'joint_scale / joint_offset: the actions go back to ROS units by name: name each '
+          'action joint, each one of joint_names')
+    at = [joints.index(name) for name in actions]
+    scale = np.asarray(cfg.joint_scale or [1.0] * len(joints), np.float64)
+    offset = np.asarray(cfg.joint_offset or [0.0] * len(joints), np.float64)
+    return scale[at], offset[at]
 
 
 def _chunk_output(cfg, policy):

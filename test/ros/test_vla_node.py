@@ -556,7 +556,14 @@ def test_a_fleet_of_robots_with_cameras(make, folder):
     (dict(joint_names=['j0']), 'joint_names'),
     (dict(policy_file=''), 'policy_file'),
     (dict(policy_type='recurrent', policy_file=''), 'observation_type'),
-    (dict(sessions=2), 'camera_topics')])           # a fleet on one robot's cameras
+    (dict(sessions=2), 'camera_topics'),            # a fleet on one robot's cameras
+    (dict(joint_scale=[1.0, 2.0]), 'joint_scale'),  # not one per joint
+    (dict(joint_scale=[1.0] * 5 + [0.0]), 'joint_scale'),
+    (dict(joint_offset=[0.0] * 5 + [float('nan')]), 'joint_offset'),
+    # units without named actions: ~/action could not go back to ROS units by joint
+    (dict(joint_scale=[2.0] * 6), 'action_joint_names'),
+    (dict(joint_offset=[1.0] * 6, action_joint_names=['j0', 'j1', 'j2', 'j3', 'gripper'],
+          chunk_period=0.05), 'action_joint_names')])
 def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, wrong, named):
     from flashrt_ros.node.settings import load_settings
     from flashrt_ros.runtime.errors import InvalidConfig
@@ -574,6 +581,65 @@ def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, 
         load_settings(h.node)
     assert not h.client.change_state('configure')
     assert h.node.parts is None
+
+
+def test_joint_units_convert_the_state_in_and_the_actions_out(make, folder):
+    """joint_scale / joint_offset (a checkpoint recorded in LeRobot's arm units, a robot
+    publishing radians): the state the policy reads is (position - offset) * scale, and
+    ~/action and ~/action_chunk carry its actions back in ROS units, by joint name (the
+    action joints a subset of the state's, in another order): value / scale + offset, the
+    engine's actions on the converted state."""
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Header
+    import torch
+    from trajectory_msgs.msg import JointTrajectory
+
+    from support.common import publish_until, wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    actions = ['j4', 'j0', 'j3', 'j1', 'j2']        # ACT_DIM of them
+    scale, offset = [57.29577951308232, 2.0, -1.5, 0.5, 100.0, 1.0], \
+        [0.1, -0.2, 0.0, 0.3, 0.25, 1.0]
+    topics = {k: f'/units{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, _ = _camera_node(
+        make, folder, topics, joint_names=joints, instruction=TASKS[0], joint_scale=scale,
+        joint_offset=offset, action_joint_names=actions, chunk_period=0.05)
+    chunks = []
+    sub = h.client_node.create_subscription(JointTrajectory, f'/{h.name}/action_chunk',
+                                            chunks.append, 10)
+    wait_for(lambda: sub.get_publisher_count() > 0, what='the chunk topic')
+    try:
+        readings, rng, frames = h.node.parts.loop.cameras[0], np.random.default_rng(4), []
+        for t in range(STEPS + 1):
+            images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+                      for k, s in CAMERAS.items()}
+            floats = {k: as_floats(im) for k, im in images.items()}
+            publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (key, image)
+                                   in zip(cams, images.items())],
+                          lambda: all(torch.equal(readings.observation.image(k),
+                                                  torch.from_numpy(f))
+                                      for k, f in floats.items()),
+                          what='the frames to reach the node')
+            radians = rng.uniform(-1.5, 1.5, STATE_DIM)
+            js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
+                                  position=[float(v) for v in radians]))
+            h.client.wait_actions(t + 1)
+            state = ((radians - offset) * scale).astype(np.float32)   # the checkpoint's units
+            frames.append({'observation.state': torch.from_numpy(state), 'task': TASKS[0],
+                           **{k: torch.from_numpy(f) for k, f in floats.items()}})
+        want = np.array(h.reference(vectors(folder, frames)), np.float64)
+        at = [joints.index(n) for n in actions]
+        ros = want / np.array(scale)[at] + np.array(offset)[at]
+        got = np.array(h.client.wait_actions(STEPS + 1))
+        assert np.array_equal(got, ros.astype(np.float32))      # ~/action: float32
+        assert not np.allclose(got, want, atol=1e-3)            # (the units changed them)
+        wait_for(lambda: len(chunks) == 2, what='two chunks')
+        assert list(chunks[0].joint_names) == actions
+        assert np.array_equal([list(p.positions) for p in chunks[0].points], ros[:STEPS])
+    finally:
+        robot.destroy_node()
 
 
 def _chunk_node(make, folder, **more):
