@@ -50,8 +50,16 @@ OPTIONS = ('vision_dtype', 'denoise_kernels', 'prefix_kernels', 'expert_dtype',
            *RTC_OPTIONS)
 
 
-def _list(text):
-    return [t.strip() for t in text.split(',') if t.strip()]
+def _list(a, key):
+    """Launch argument `key` as a comma-separated list ('' is none). An empty entry ('a,,b', a
+    trailing comma) is an error that names it: dropped, it would shift the entries after it
+    onto the wrong joint or camera."""
+    if not a[key].strip():
+        return []
+    items = [t.strip() for t in a[key].split(',')]
+    if not all(items):
+        raise RuntimeError(f'{key}:={a[key]!r} has an empty entry')
+    return items
 
 
 def _typed(a, key, kind):
@@ -67,7 +75,7 @@ def _nodes(context):
     a = {k: LaunchConfiguration(k).perform(context) for k in ARGUMENTS}
     from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_sizes
     kind, obs_dim, act_dim = checkpoint_sizes(a['checkpoint'])
-    if a['action_chunk_topic'] and not _list(a['action_joint_names']):
+    if a['action_chunk_topic'] and not _list(a, 'action_joint_names'):
         raise RuntimeError('action_chunk_topic: chunks go out only with action_joint_names '
                            '(the joints of the trajectory)')
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
@@ -75,18 +83,18 @@ def _nodes(context):
                                           ('joint_states', a['joint_states'])) if dst]
     params = {'policy_type': kind, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
               'act_dim': act_dim, 'autostart': True, 'observation_type': 'cameras',
-              'camera_topics': _list(a['camera_topics']),
-              'joint_names': _list(a['joint_names']), 'instruction': a['instruction'],
+              'camera_topics': _list(a, 'camera_topics'),
+              'joint_names': _list(a, 'joint_names'), 'instruction': a['instruction'],
               'control_mode': a['control_mode'], 'control_rate': _typed(a, 'control_rate', float),
               'camera_sync': a['camera_sync'],
               'device': a['device'], 'chunk_period': _typed(a, 'chunk_period', float)}
     for key in ('action_joint_names', 'compressed_cameras'):
-        if _list(a[key]):      # (an empty list has no type for ROS)
-            params[key] = _list(a[key])
+        if _list(a, key):      # (an empty list has no type for ROS)
+            params[key] = _list(a, key)
     for key in ('joint_scale', 'joint_offset'):
-        if _list(a[key]):
+        if _list(a, key):
             try:
-                params[key] = [float(v) for v in _list(a[key])]
+                params[key] = [float(v) for v in _list(a, key)]
             except ValueError:
                 raise RuntimeError(f'{key}:={a[key]!r} is not a list of numbers') from None
     given = [k for k in OPTIONS if a[k]]

@@ -129,6 +129,8 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
     ('vision_dtype:=bfloat16', 'vision_dtype is an option of pi0 / pi05;'),
     ('rtc_delay:=3.0', "rtc_delay:='3.0' is not an integer"),
     ('joint_scale:=57.3,deg', "joint_scale:='57.3,deg' is not a list of numbers"),
+    # dropped, the empty entry would put the offsets after it on the wrong joints
+    ('joint_offset:=0.1,,0.3', "joint_offset:='0.1,,0.3' has an empty entry"),
     # a controller's topic for chunks that never go out (no joints named)
     ('action_chunk_topic:=/jtc/joint_trajectory', 'chunks go out only with action_joint_names')])
 def test_arguments_that_cannot_work_end_the_launch_with_their_name(tmp_path, argument, words):
