@@ -28,15 +28,18 @@ import torch
 from .errors import InvalidObservation
 from .policies.lerobot_checkpoint import observation_size
 
-# sensor_msgs/Image encodings read: (channels, whether the channels are BGR)
-ENCODINGS = {'rgb8': (3, False), 'bgr8': (3, True), 'mono8': (1, False)}
+# sensor_msgs/Image encodings read: (channels, whether the channels are BGR). A simulator's
+# camera often gives rgba8 / bgra8: the alpha channel is dropped, as cv_bridge's conversion
+# to rgb8 drops it and as a CompressedImage's PNG with alpha reads (PIL's convert('RGB')).
+ENCODINGS = {'rgb8': (3, False), 'bgr8': (3, True), 'rgba8': (4, False), 'bgra8': (4, True),
+             'mono8': (1, False)}
 
 
 def raw_pixels(encoding, height, width, step, data):
     """A sensor_msgs/Image's fields -> uint8 [H, W, 3] RGB; InvalidObservation for an
     encoding it does not read or data shorter than height x step."""
     if encoding not in ENCODINGS:
-        raise InvalidObservation(f'encoding {encoding!r} (rgb8, bgr8 or mono8)')
+        raise InvalidObservation(f'encoding {encoding!r} (rgb8, bgr8, rgba8, bgra8 or mono8)')
     channels, bgr = ENCODINGS[encoding]
     data = np.frombuffer(data, np.uint8)
     if step < width * channels or data.size < height * step:
@@ -44,7 +47,9 @@ def raw_pixels(encoding, height, width, step, data):
                                  f'{width} {encoding}')
     rows = data[:height * step].reshape(height, step)
     pixels = rows[:, :width * channels].reshape(height, width, channels)
-    return pixels[..., ::-1] if bgr else np.repeat(pixels, 3 // channels, axis=2)
+    if channels == 1:
+        return np.repeat(pixels, 3, axis=2)
+    return pixels[..., 2::-1] if bgr else pixels[..., :3]
 
 
 def compressed_pixels(data, size=None):

@@ -30,6 +30,12 @@ def test_each_encoding_reads_as_rgb():
     # rows padded to a step wider than the image (a driver's alignment)
     padded = np.concatenate([rgb.reshape(5, 21), np.full((5, 3), 77, np.uint8)], axis=1)
     assert np.array_equal(raw_pixels('rgb8', 5, 7, 24, padded.tobytes()), rgb)
+    # a simulator's camera with alpha (the alpha dropped, whatever it holds)
+    alpha = rng.integers(0, 256, (5, 7, 1), dtype=np.uint8)
+    rgba = np.concatenate([rgb, alpha], axis=2)
+    assert np.array_equal(raw_pixels('rgba8', 5, 7, 28, rgba.tobytes()), rgb)
+    bgra = np.concatenate([rgb[..., ::-1], alpha], axis=2)
+    assert np.array_equal(raw_pixels('bgra8', 5, 7, 28, bgra.tobytes()), rgb)
     grey = rgb[..., 0]
     assert np.array_equal(raw_pixels('mono8', 5, 7, 7, grey.tobytes()),
                           np.repeat(grey[..., None], 3, axis=2))
@@ -59,7 +65,9 @@ def test_a_compressed_frame_of_another_size_is_refused_before_it_is_decoded(monk
 @pytest.mark.parametrize('bad, words', [
     (('yuv422', 5, 7, 14, bytes(70)), 'yuv422'),
     (('rgb8', 5, 7, 21, bytes(21 * 4)), '84 bytes'),          # a truncated image
-    (('rgb8', 5, 7, 20, bytes(100)), 'step 20')])             # a step shorter than a row
+    (('rgb8', 5, 7, 20, bytes(100)), 'step 20'),             # a step shorter than a row
+    (('rgba8', 5, 7, 21, bytes(105)), 'step 21'),             # rgb8's step, called rgba8
+    (('rgb16', 5, 7, 42, bytes(210)), 'rgb16')])              # 16 bits a sample             # a step shorter than a row
 def test_what_cannot_be_read_is_refused(bad, words):
     with pytest.raises(InvalidObservation, match=words):
         raw_pixels(*bad)
