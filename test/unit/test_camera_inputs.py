@@ -65,9 +65,9 @@ def test_a_compressed_frame_of_another_size_is_refused_before_it_is_decoded(monk
 @pytest.mark.parametrize('bad, words', [
     (('yuv422', 5, 7, 14, bytes(70)), 'yuv422'),
     (('rgb8', 5, 7, 21, bytes(21 * 4)), '84 bytes'),          # a truncated image
-    (('rgb8', 5, 7, 20, bytes(100)), 'step 20'),             # a step shorter than a row
+    (('rgb8', 5, 7, 20, bytes(100)), 'step 20'),              # a step shorter than a row
     (('rgba8', 5, 7, 21, bytes(105)), 'step 21'),             # rgb8's step, called rgba8
-    (('rgb16', 5, 7, 42, bytes(210)), 'rgb16')])              # 16 bits a sample             # a step shorter than a row
+    (('rgb16', 5, 7, 42, bytes(210)), 'rgb16')])              # 16 bits a sample
 def test_what_cannot_be_read_is_refused(bad, words):
     with pytest.raises(InvalidObservation, match=words):
         raw_pixels(*bad)
