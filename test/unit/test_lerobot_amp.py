@@ -4,6 +4,7 @@ they are on the CPU. The engine does the same (LeRobotChunkPolicy.autocast): its
 predict_action's bit for bit on each device, the chunk a captured graph on CUDA, and a capsule
 replays them; options whose kernels are not LeRobot's own are refused with use_amp."""
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from flashrt_ros.runtime.engine import PolicyEngine  # noqa: E402
 from flashrt_ros.runtime.errors import InvalidConfig  # noqa: E402
 from flashrt_ros.runtime.policies import (ACTChunkPolicy, DiffusionChunkPolicy,  # noqa: E402
                                           gaussian_noise)
+from flashrt_ros.runtime.policies.lerobot_chunk import LeRobotChunkPolicy  # noqa: E402
 from flashrt_ros.runtime.policies import lerobot_demo as demo  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_diffusion import chunk_seed  # noqa: E402
 from flashrt_ros.runtime.policies.lerobot_smolvla import SmolVLAChunkPolicy  # noqa: E402
@@ -79,6 +81,25 @@ def test_actions_are_predict_actions_with_use_amp(kind, device, tmp_path):
     each action equals predict_action(use_amp=True) bit for bit; a capsule mid-chunk replays
     the rest 8 times. On CUDA autocast is in force: the actions differ from the same
     checkpoint's without use_amp."""
+    _compare_with_predict_action(kind, device, tmp_path, nullcontext, device == 'cuda')
+
+
+@pytest.mark.parametrize('kind', sorted(KINDS))
+def test_the_autocast_path_runs_on_the_cpu_too(kind, tmp_path, monkeypatch):
+    """The CUDA path's autocast where CI runs (no GPU): the engine's autocast() made the CPU's
+    (bfloat16, as lerobot-eval runs use_amp there) and predict_action run under the same, the
+    actions are equal bit for bit and differ from float32's. It checks what the CUDA test
+    checks with float16, on the same code path: that everything the chunk computes (prefix
+    pass, denoising steps, the chunk's graph function) is under autocast() and that the
+    autocast dtypes it gives (the prefix cache's, the actions') are handled."""
+    def cpu_autocast():
+        return torch.autocast('cpu', dtype=torch.bfloat16, cache_enabled=False)
+    monkeypatch.setattr(LeRobotChunkPolicy, 'autocast',
+                        lambda self: cpu_autocast() if self.amp else nullcontext())
+    _compare_with_predict_action(kind, 'cpu', tmp_path, cpu_autocast, True)
+
+
+def _compare_with_predict_action(kind, device, tmp_path, around_lerobot, autocast_in_force):
     cls, cameras = KINDS[kind]
     folder = _checkpoint(kind, tmp_path)
     reference = get_policy_class(cls.kind).from_pretrained(folder).eval().to(device)
@@ -105,8 +126,9 @@ def test_actions_are_predict_actions_with_use_amp(kind, device, tmp_path):
                 reference.model.sample_noise = \
                     lambda shape, _, n=noise: n.view(shape).to(torch.float32)
             chunks += 1
-        want = predict_action(dict(frame), reference, torch.device(device), pre, post,
-                              use_amp=True, task=TASK)[0]
+        with around_lerobot():
+            want = predict_action(dict(frame), reference, torch.device(device), pre, post,
+                                  use_amp=True, task=TASK)[0]
         got.append(engine.step(o))
         assert torch.equal(got[-1].cpu(), want.float().cpu()), t
         if t == steps + 1:
@@ -115,7 +137,7 @@ def test_actions_are_predict_actions_with_use_amp(kind, device, tmp_path):
     for _ in range(8):
         engine.restore('mid')
         assert torch.equal(torch.stack([engine.step(o) for o in obs[steps + 2:]]), later)
-    if device == 'cuda':
+    if autocast_in_force:
         config = json.loads((folder / 'config.json').read_text())
         config['use_amp'] = False
         (folder / 'config.json').write_text(json.dumps(config))
