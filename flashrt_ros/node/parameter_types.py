@@ -15,9 +15,10 @@ Anything else keeps its type and rclpy refuses it, naming the expected one.
 '''
 
 import array
+import math
 import typing
 
-from rcl_interfaces.msg import ParameterType
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
 from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
 from rclpy.parameter import Parameter
 import yaml
@@ -120,3 +121,30 @@ def declare(node, name, kind, default, descriptor):
     if not result.successful:
         raise InvalidParameterValueException(name, parameter.value, result.reason)
     return node.get_parameter(name)
+
+
+def descriptor(f):
+    '''What `ros2 param describe` says of config field f: its description, type, choices,
+    range (in words for arrays) and whether it waits for the next configure.'''
+    meta, kind = f.metadata, wire_type(f.type)
+    d = ParameterDescriptor(description=meta['description'], type=kind)
+    if meta.get('choices'):
+        d.additional_constraints = 'one of: ' + ', '.join(map(str, meta['choices']))
+    if not meta.get('live'):
+        d.additional_constraints = '; '.join(filter(None, [d.additional_constraints,
+                                                           AT_CONFIGURE]))
+    low, high = meta.get('low'), meta.get('high')
+    if low is None and high is None:
+        return d
+    if kind == ParameterType.PARAMETER_INTEGER:
+        d.integer_range = [IntegerRange(from_value=int(low if low is not None else -2**63),
+                                        to_value=int(high if high is not None else 2**63 - 1))]
+    elif kind == ParameterType.PARAMETER_DOUBLE:
+        d.floating_point_range = [FloatingPointRange(
+            from_value=float(low if low is not None else -math.inf),
+            to_value=float(high if high is not None else math.inf))]
+    else:       # rclpy ranges are for scalars: say the elements' bound in words
+        bounds = [f'>= {low}'] * (low is not None) + [f'<= {high}'] * (high is not None)
+        d.additional_constraints = '; '.join(filter(None, [f'each {" and ".join(bounds)}',
+                                                           d.additional_constraints]))
+    return d

@@ -12,14 +12,12 @@ their names come from `observation_terms` (term_parameters.py).
 import array
 from dataclasses import dataclass, fields
 from functools import partial
-import math
 import os
 
-from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
-                                ParameterType, SetParametersResult)
+from rcl_interfaces.msg import ParameterType, SetParametersResult
 
 from flashrt_ros.node import term_parameters
-from flashrt_ros.node.parameter_types import AT_CONFIGURE, as_type, coerce, WHAT, wire_type
+from flashrt_ros.node.parameter_types import as_type, coerce, descriptor, WHAT, wire_type
 from flashrt_ros.node.parameter_types import declare as declare_typed
 # settings.py reads the term dicts through this module
 from flashrt_ros.node.term_parameters import term_specs  # noqa: F401
@@ -219,31 +217,6 @@ _OUTPUTS = ('float64_array', 'joint_trajectory')
 
 def _default(f):
     return f.default_factory() if callable(f.default_factory) else f.default
-
-
-def descriptor(f):
-    meta, kind = f.metadata, wire_type(f.type)
-    d = ParameterDescriptor(description=meta['description'], type=kind)
-    if meta.get('choices'):
-        d.additional_constraints = 'one of: ' + ', '.join(map(str, meta['choices']))
-    if not meta.get('live'):
-        d.additional_constraints = '; '.join(filter(None, [d.additional_constraints,
-                                                           AT_CONFIGURE]))
-    low, high = meta.get('low'), meta.get('high')
-    if low is None and high is None:
-        return d
-    if kind == ParameterType.PARAMETER_INTEGER:
-        d.integer_range = [IntegerRange(from_value=int(low if low is not None else -2**63),
-                                        to_value=int(high if high is not None else 2**63 - 1))]
-    elif kind == ParameterType.PARAMETER_DOUBLE:
-        d.floating_point_range = [FloatingPointRange(
-            from_value=float(low if low is not None else -math.inf),
-            to_value=float(high if high is not None else math.inf))]
-    else:       # rclpy ranges are for scalars: say the elements' bound in words
-        bounds = [f'>= {low}'] * (low is not None) + [f'<= {high}'] * (high is not None)
-        d.additional_constraints = '; '.join(filter(None, [f'each {" and ".join(bounds)}',
-                                                           d.additional_constraints]))
-    return d
 
 
 def declare(node):
