@@ -93,20 +93,45 @@ def test_what_is_not_the_checkpoint_is_refused_at_configure(make, folder, wrong)
 
 
 def _image_msgs(image, key, t):
-    """One uint8 image [H, W, 3] as the camera of `key` publishes it: rgb8 (bgr8 on odd
-    frames) for the top camera, a PNG CompressedImage for the wrist one (lossless)."""
+    """One uint8 image [H, W, 3] as the camera of `key` publishes it: for the top camera
+    rgb8, bgr8 and bgra8 (a simulator's, its alpha ignored) on frames t in turn, a PNG
+    CompressedImage for the wrist one (lossless)."""
     import io
 
+    import numpy as np
     from PIL import Image as PILImage
     from sensor_msgs.msg import CompressedImage, Image
     if key.endswith('top'):
         h, w, _ = image.shape
-        bgr = t % 2 == 1
-        return Image(height=h, width=w, encoding='bgr8' if bgr else 'rgb8', step=3 * w,
-                     data=(image[..., ::-1] if bgr else image).tobytes())
+        encoding = ('rgb8', 'bgr8', 'bgra8')[t % 3]
+        data = image if encoding == 'rgb8' else image[..., ::-1]
+        if encoding == 'bgra8':
+            data = np.concatenate([data, np.full((h, w, 1), 200, np.uint8)], axis=2)
+        return Image(height=h, width=w, encoding=encoding, step=data.shape[2] * w,
+                     data=data.tobytes())
     buffer = io.BytesIO()
     PILImage.fromarray(image).save(buffer, format='PNG')
     return CompressedImage(format='png', data=buffer.getvalue())
+
+
+def _send_frames(rng, cams, readings, t):
+    """A random uint8 frame per camera, published (_image_msgs of frame t) until `readings`
+    (a session's CameraReadings) holds each as LeRobot's datasets give it: those frames,
+    float32 [3, H, W] in [0, 1], as tensors."""
+    import numpy as np
+    import torch
+
+    from support.common import publish_until
+    from support.smolvla import CAMERAS
+    images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
+              for k, s in CAMERAS.items()}
+    floats = {k: torch.from_numpy(as_floats(im)) for k, im in images.items()}
+    publish_until(lambda: [pub.publish(_image_msgs(image, key, t))
+                           for pub, (key, image) in zip(cams, images.items())],
+                  lambda: all(torch.equal(readings.observation.image(k), f)
+                              and k in readings.observation.has for k, f in floats.items()),
+                  what='the frames to reach the node')
+    return floats
 
 
 def _camera_node(make, folder, cameras, **more):
@@ -169,16 +194,8 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
                     assert h.node.set_parameters([Parameter('instruction', value=text)])[
                         0].successful
                     assert readings.text == text
-            images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
-                      for k, s in CAMERAS.items()}
+            floats = _send_frames(rng, cams, readings, t)
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
-            floats = {k: as_floats(im) for k, im in images.items()}    # LeRobot's datasets
-            publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (key, image)
-                                   in zip(cams, images.items())],
-                          lambda: all(torch.equal(readings.observation.image(k),
-                                                  torch.from_numpy(f))
-                                      for k, f in floats.items()),
-                          what='the frames to reach the node')
             if t == 2:      # what the node cannot take: refused, named, no step
                 h_, w_ = CAMERAS[next(iter(CAMERAS))][1:]
                 report = h.node.report
@@ -196,14 +213,13 @@ def test_cameras_joint_states_and_an_instruction_drive_the_node(make, folder):
                                   if k.startswith("joint state lacks joints ['j0']")] != lacks,
                          what='the refusal')
                 assert report.refusals['image'] >= 2
-                assert all(torch.equal(readings.observation.image(k), torch.from_numpy(f))
+                assert all(torch.equal(readings.observation.image(k), f)
                            for k, f in floats.items())        # the frames before them kept
             order = list(reversed(joints)) + ['extra']
             js.publish(joint_state(Time(sec=t + 1), state, order))
             sent += 1
             h.client.wait_actions(sent)
-            frames.append({'observation.state': torch.from_numpy(state),
-                           **{k: torch.from_numpy(f) for k, f in floats.items()},
+            frames.append({'observation.state': torch.from_numpy(state), **floats,
                            'task': TASKS[0] if t <= STEPS or t == 2 * STEPS else TASKS[1]})
         got = h.client.wait_actions(sent)
         assert got == h.reference(vectors(folder, frames))
@@ -224,7 +240,7 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
     from std_msgs.msg import Header
     import torch
 
-    from support.common import publish_until, wait_for
+    from support.common import wait_for
     from support.smolvla import CAMERAS, STATE_DIM, TASKS
     joints = [f'j{i}' for i in range(STATE_DIM)]
     topics = {k: f'/lock{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
@@ -235,19 +251,6 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
         rng = np.random.default_rng(8)
         sent, frames = 0, []
 
-        def send_frames(t):
-            images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
-                      for k, s in CAMERAS.items()}
-            floats = {k: as_floats(im) for k, im in images.items()}
-            publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (key, image)
-                                   in zip(cams, images.items())],
-                          lambda: all(torch.equal(readings.observation.image(k),
-                                                  torch.from_numpy(f))
-                                      and k in readings.observation.has
-                                      for k, f in floats.items()),
-                          what='the frames to reach the node')
-            return floats
-
         def send_state(t):
             state = rng.standard_normal(STATE_DIM).astype(np.float32)
             js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
@@ -256,12 +259,11 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
 
         assert h.call('snapshot', name='start').success
         for t in range(2):
-            floats = send_frames(t)
+            floats = _send_frames(rng, cams, readings, t)
             state = send_state(t)
             sent += 1
             h.client.wait_actions(sent)
-            frames.append({'observation.state': torch.from_numpy(state),
-                           **{k: torch.from_numpy(f) for k, f in floats.items()},
+            frames.append({'observation.state': torch.from_numpy(state), **floats,
                            'task': TASKS[0]})
         assert h.call('restore', name='start').success
         refused, session = dict(report.refusals), h.node.parts.robot.sessions[0]
@@ -270,12 +272,11 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
                  what='the joint state to reach the node')
         time.sleep(0.5)
         assert h.client.actions_received() == sent      # it waits for the frames
-        floats = send_frames(3)
+        floats = _send_frames(rng, cams, readings, 3)
         sent += 1
         got = h.client.wait_actions(sent)
         assert len(got) == sent and report.refusals == refused
-        restarted = {'observation.state': torch.from_numpy(state),
-                     **{k: torch.from_numpy(f) for k, f in floats.items()}, 'task': TASKS[0]}
+        restarted = {'observation.state': torch.from_numpy(state), **floats, 'task': TASKS[0]}
         assert got[-1] == h.reference(vectors(folder, [restarted]))[0]
         assert got[:2] == h.reference(vectors(folder, frames))
     finally:
@@ -522,13 +523,7 @@ def test_a_fleet_of_robots_with_cameras(make, folder):
         for t in range(2 * STEPS + 1):
             for i, n in enumerate(names):
                 cams, js, _ = pubs[n]
-                images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
-                          for k, s in CAMERAS.items()}
-                floats = {k: torch.from_numpy(as_floats(im)) for k, im in images.items()}
-                publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (
-                    key, image) in zip(cams, images.items())], lambda: all(torch.equal(
-                        readings[i].observation.image(k), f) for k, f in floats.items()),
-                    what=f'{n}\'s frames to reach the node')
+                floats = _send_frames(rng, cams, readings[i], t)
                 state = rng.standard_normal(STATE_DIM).astype(np.float32)
                 frames[n].append({'observation.state': torch.from_numpy(state),
                                   'task': tasks[n], **floats})
@@ -596,7 +591,7 @@ def test_joint_units_convert_the_state_in_and_the_actions_out(make, folder):
     import torch
     from trajectory_msgs.msg import JointTrajectory
 
-    from support.common import publish_until, wait_for
+    from support.common import wait_for
     from support.smolvla import CAMERAS, STATE_DIM, TASKS
     joints = [f'j{i}' for i in range(STATE_DIM)]
     actions = ['j4', 'j0', 'j3', 'j1', 'j2']        # ACT_DIM of them
@@ -613,22 +608,14 @@ def test_joint_units_convert_the_state_in_and_the_actions_out(make, folder):
     try:
         readings, rng, frames = h.node.parts.loop.cameras[0], np.random.default_rng(4), []
         for t in range(STEPS + 1):
-            images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
-                      for k, s in CAMERAS.items()}
-            floats = {k: as_floats(im) for k, im in images.items()}
-            publish_until(lambda: [pub.publish(_image_msgs(image, key, t)) for pub, (key, image)
-                                   in zip(cams, images.items())],
-                          lambda: all(torch.equal(readings.observation.image(k),
-                                                  torch.from_numpy(f))
-                                      for k, f in floats.items()),
-                          what='the frames to reach the node')
+            floats = _send_frames(rng, cams, readings, t)
             radians = rng.uniform(-1.5, 1.5, STATE_DIM)
             js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
                                   position=[float(v) for v in radians]))
             h.client.wait_actions(t + 1)
             state = ((radians - offset) * scale).astype(np.float32)   # the checkpoint's units
             frames.append({'observation.state': torch.from_numpy(state), 'task': TASKS[0],
-                           **{k: torch.from_numpy(f) for k, f in floats.items()}})
+                           **floats})
         want = np.array(h.reference(vectors(folder, frames)), np.float64)
         at = [joints.index(n) for n in actions]
         ros = want / np.array(scale)[at] + np.array(offset)[at]
