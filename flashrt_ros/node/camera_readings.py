@@ -40,6 +40,7 @@ class CameraReadings:
         self.text = None            # the instruction as given
         self._held = 0              # lock-step: the step tag last held for frames (logged)
         self.sync_stamps = cfg.camera_sync == 'stamp'
+        self.max_age = cfg.max_input_age    # lock-step, newest: a frame's, by its stamp
         self._per_state = setup.tokenize is not None and setup.tokenize.state_in_prompt
         if getattr(setup.tokenize, 'padded_from', None):
             log.warning('the checkpoint pads its prompt to each instruction\'s length '
@@ -97,6 +98,35 @@ class CameraReadings:
                             f'stamp; their newest: {newest})')
             self.log.info(f'{s.label}lock-step: the joint state waits for ' + ' and '.join(what))
         return bool(cameras or late)
+
+    def ready(self, s, tag):
+        """Lock-step: whether session s's joint state of step tag steps now: not held for
+        frames (holds), nor refused (reported) for a camera's old frame (behind)."""
+        if self.holds(s, tag):
+            return False
+        behind = self.behind(s, self.max_age)
+        if behind:
+            self.report.refuse(f'{s.label}stale input: {behind}')
+        return not behind
+
+    def behind(self, s, limit):
+        """Lock-step, camera_sync newest: the cameras whose newest frame is stamped more than
+        `limit` s (max_input_age, on the world's clock) before session s's joint state, in
+        words ('' when none). A camera that stopped would otherwise have its last frame
+        stepped on without end; under sim time the frames' arrival says nothing, their stamps
+        do. An unstamped frame (0) is not aged."""
+        if self.sync_stamps:
+            return ''       # (each joint state waits for its own frames: holds)
+        sec, nanosec = s.inputs['joint_state'][1]
+        now, old = sec + nanosec * 1e-9, []
+        for k in self.setup.cameras:
+            frame = s.inputs.get('camera:' + k, (None, (0, 0)))[1]
+            if frame != (0, 0) and now - (frame[0] + frame[1] * 1e-9) > limit:
+                old.append(f'{k} (its newest frame stamped {_stamp(frame)})')
+        if not old:
+            return ''
+        return (f'the joint state stamped {_stamp((sec, nanosec))} is more than {limit} s '
+                f'(max_input_age) after the frames of {", ".join(old)}')
 
     def on_instruction(self, s, text):
         """A new instruction (~/instruction, or the parameter set while running)."""

@@ -274,8 +274,8 @@ class ControlLoop:
         imu = s.inputs.get('imu', (None, None))
         if self.settings.terms and 'imu' in self.settings.layout.needs and imu[1] != joint[1]:
             return                  # wait for the matching IMU reading
-        if self.cameras is not None and self.cameras[s.index].holds(s, tag):
-            return                  # wait for a frame from each camera: on_reading again
+        if self.cameras is not None and not self.cameras[s.index].ready(s, tag):
+            return                  # held or refused until new frames come: on_reading again
         s.pending = tag
         waiting = [w for w in self.sessions if w.seen and not self.guards[w.index].held]
         if all(w.pending for w in waiting):

@@ -119,7 +119,9 @@ class NodeConfig:
                                 'between the points of ~/action_chunk (0: 1 / control_rate)',
                                 low=0.0)
     max_input_age: float = param(0.1, 'timer mode: readings older than this (s, by arrival) '
-                                 'are stale: the step is refused and counted', low=0.0)
+                                 'are stale: the step is refused and counted; cameras, '
+                                 'lockstep (newest): a joint state stamped this much after '
+                                 "a camera's newest frame is refused alike", low=0.0)
     qos_depth: int = param(100, 'subscription and action queue depth', low=1, high=100000)
     qos_reliability: str = param('reliable', 'QoS reliability of the inputs and ~/action '
                                  '(joint commands are always reliable, as controllers expect)',

@@ -114,10 +114,11 @@ def _image_msgs(image, key, t):
     return CompressedImage(format='png', data=buffer.getvalue())
 
 
-def _send_frames(rng, cams, readings, t):
-    """A random uint8 frame per camera, published (_image_msgs of frame t) until `readings`
-    (a session's CameraReadings) holds each as LeRobot's datasets give it: those frames,
-    float32 [3, H, W] in [0, 1], as tensors."""
+def _send_frames(rng, cams, readings, t, stamp=None):
+    """A random uint8 frame per camera, published (_image_msgs of frame t, stamped `stamp`,
+    a builtin_interfaces Time, if given) until `readings` (a session's CameraReadings) holds
+    each as LeRobot's datasets give it: those frames, float32 [3, H, W] in [0, 1], as
+    tensors."""
     import numpy as np
     import torch
 
@@ -126,8 +127,10 @@ def _send_frames(rng, cams, readings, t):
     images = {k: rng.integers(0, 256, (s[1], s[2], 3), dtype=np.uint8)
               for k, s in CAMERAS.items()}
     floats = {k: torch.from_numpy(as_floats(im)) for k, im in images.items()}
-    publish_until(lambda: [pub.publish(_image_msgs(image, key, t))
-                           for pub, (key, image) in zip(cams, images.items())],
+    msgs = [_image_msgs(image, key, t) for key, image in images.items()]
+    for msg in msgs if stamp is not None else ():
+        msg.header.stamp = stamp
+    publish_until(lambda: [pub.publish(msg) for pub, msg in zip(cams, msgs)],
                   lambda: all(torch.equal(readings.observation.image(k), f)
                               and k in readings.observation.has for k, f in floats.items()),
                   what='the frames to reach the node')
@@ -279,6 +282,58 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
         restarted = {'observation.state': torch.from_numpy(state), **floats, 'task': TASKS[0]}
         assert got[-1] == h.reference(vectors(folder, [restarted]))[0]
         assert got[:2] == h.reference(vectors(folder, frames))
+    finally:
+        robot.destroy_node()
+
+
+def test_lockstep_refuses_a_joint_state_long_after_a_cameras_newest_frame(make, folder):
+    """Lock-step, camera_sync newest (a simulator's cameras at their own rate): a joint state
+    stamped more than max_input_age after a camera's newest frame (a camera that stopped)
+    is refused, naming the camera, and steps nothing; a new frame steps it. Within
+    max_input_age the newest frames are stepped on, as before. (Unstamped frames are not
+    aged: the other lock-step tests send them.)"""
+    import time
+
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Header
+    import torch
+
+    from support.common import wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    topics = {k: f'/behind{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, _ = _camera_node(make, folder, topics, joint_names=joints,
+                                         instruction=TASKS[0], max_input_age=0.1)
+    try:
+        readings, report = h.node.parts.loop.cameras[0], h.node.report
+        rng, frames = np.random.default_rng(6), []
+
+        def send_state(stamp, floats):
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            js.publish(JointState(name=joints, header=Header(stamp=stamp),
+                                  position=[float(v) for v in state]))
+            frames.append({'observation.state': torch.from_numpy(state), 'task': TASKS[0],
+                           **floats})
+
+        floats = _send_frames(rng, cams, readings, 0, Time(sec=1))
+        send_state(Time(sec=1), floats)
+        h.client.wait_actions(1)
+        send_state(Time(sec=1, nanosec=90_000_000), floats)    # 0.09 s on: the same frames
+        h.client.wait_actions(2)
+        refused = report.refusals.get('stale input', 0)
+        send_state(Time(sec=2), floats)                         # 1 s on: none came since
+        wait_for(lambda: report.refusals.get('stale input', 0) > refused,
+                 what='the stale frames refused')
+        assert 'the joint state stamped 2.000000000 is more than 0.1 s (max_input_age) ' \
+            'after the frames of observation.images.top (its newest frame stamped ' \
+            '1.000000000)' in report.last_refusal, report.last_refusal
+        time.sleep(0.5)
+        assert h.client.actions_received() == 2
+        frames[-1].update(_send_frames(rng, cams, readings, 1, Time(sec=2)))
+        got = h.client.wait_actions(3)
+        assert got == h.reference(vectors(folder, frames))
     finally:
         robot.destroy_node()
 

@@ -214,7 +214,7 @@ def test_an_instruction_longer_than_the_checkpoint_reads_is_told(folders):
                                   state_dim=STATE_DIM)
     cfg = types.SimpleNamespace(joint_names=[f'j{i}' for i in range(STATE_DIM)],
                                 instruction='', camera_sync='newest',
-                                joint_offset=[], joint_scale=[])
+                                joint_offset=[], joint_scale=[], max_input_age=0.1)
     readings = CameraReadings(setup, cfg, 'cpu', None, log)
     readings.instruction('go')
     assert not warnings and tokenize.length('go') < tokens == TOKENS
@@ -287,7 +287,7 @@ def test_a_prompt_padded_to_its_own_length_is_padded_to_the_checkpoints(folders,
                                          state_dim=STATE_DIM),
                    types.SimpleNamespace(joint_names=[f'j{i}' for i in range(STATE_DIM)],
                                          instruction='', camera_sync='newest',
-                                         joint_offset=[], joint_scale=[]),
+                                         joint_offset=[], joint_scale=[], max_input_age=0.1),
                    'cpu', None, types.SimpleNamespace(warning=told.append))
     assert len(told) == 1 and 'within float rounding' in told[0]
     reference, (pre, post) = SmolVLAPolicy.from_pretrained(str(longest)).eval(), \
