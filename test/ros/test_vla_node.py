@@ -613,7 +613,9 @@ def test_a_fleet_of_robots_with_cameras(make, folder):
     # units without named actions: ~/action could not go back to ROS units by joint
     (dict(joint_scale=[2.0] * 6), 'action_joint_names'),
     (dict(joint_offset=[1.0] * 6, action_joint_names=['j0', 'j1', 'j2', 'j3', 'gripper'],
-          chunk_period=0.05), 'action_joint_names')])
+          chunk_period=0.05), 'action_joint_names'),
+    # units where the node does not assemble the state: they would change nothing
+    (dict(observation_type='float32_array', joint_scale=[2.0] * 6), 'joint_scale')])
 def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, wrong, named):
     from flashrt_ros.node.settings import load_settings
     from flashrt_ros.runtime.errors import InvalidConfig
