@@ -336,6 +336,10 @@ class ParameterHandler:
                 return SetParametersResult(successful=False, reason=(
                     f'{fixed} shape what configure builds: deactivate and cleanup the node, '
                     'set them, then configure again'))
+            if updates.get('instruction') and settings.cameras is None:
+                return SetParametersResult(successful=False, reason=(
+                    "'instruction': observation_type cameras only (float32_array: the "
+                    'token ids come in the observation)'))
             for name, value in updates.items():
                 setattr(settings.node, name, value)
                 if name in self._updates:

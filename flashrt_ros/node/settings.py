@@ -252,9 +252,10 @@ def load_settings(node):
         layout, targets = _terms_layout(node, cfg, policy)
     elif cfg.observation_type == 'cameras':
         cameras = _camera_setup(cfg, policy)
-    for name in ('joint_scale', 'joint_offset'):    # ignored, they would change no action
-        _need(cameras or not getattr(cfg, name), name, getattr(cfg, name),
-              'observation_type cameras only (terms: default_angles and action_scale)')
+    for name in ('joint_scale', 'joint_offset', 'instruction'):  # ignored, they would
+        _need(cameras or not getattr(cfg, name), name, getattr(cfg, name),   # change nothing
+              'observation_type cameras only: with another the node does not assemble the '
+              'observation (float32_array: the token ids come in it)')
     # one directory per node: two robots on one machine never share capsules; under ROS_HOME
     # (default ~/.ros) as ROS keeps its logs
     capsule_dir = cfg.capsule_dir or os.path.join(

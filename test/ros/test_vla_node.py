@@ -50,6 +50,10 @@ def test_node_steps_the_checkpoint_and_restores_mid_chunk(make, folder):
     assert h.steps(other) == h.reference(obs[:STEPS + 2] + other)[STEPS + 2:] != later
     assert h.call('restore', name='mid').success
     assert h.steps(obs[STEPS + 2:]) == later
+    # an instruction parameter here would change nothing (the tokens come in ~/observation)
+    from rclpy.parameter import Parameter
+    result = h.node.set_parameters([Parameter('instruction', value='pick')])[0]
+    assert not result.successful and 'cameras only' in result.reason
 
 
 def test_restore_of_the_kv_kind_keeps_the_prefix_across_a_restart(make, folder):
@@ -615,7 +619,8 @@ def test_a_fleet_of_robots_with_cameras(make, folder):
     (dict(joint_offset=[1.0] * 6, action_joint_names=['j0', 'j1', 'j2', 'j3', 'gripper'],
           chunk_period=0.05), 'action_joint_names'),
     # units where the node does not assemble the state: they would change nothing
-    (dict(observation_type='float32_array', joint_scale=[2.0] * 6), 'joint_scale')])
+    (dict(observation_type='float32_array', joint_scale=[2.0] * 6), 'joint_scale'),
+    (dict(observation_type='float32_array', instruction='pick'), 'instruction')])
 def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, wrong, named):
     from flashrt_ros.node.settings import load_settings
     from flashrt_ros.runtime.errors import InvalidConfig
