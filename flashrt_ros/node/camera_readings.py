@@ -57,7 +57,8 @@ class CameraReadings:
         thread); None, or what refuses it (an exception, reported by on_image)."""
         try:
             if key in self.setup.compressed:
-                pixels = compressed_pixels(bytes(msg.data), self.setup.cameras[key][1:])
+                pixels = compressed_pixels(bytes(msg.data), self.setup.cameras[key][1:],
+                                           msg.format)
             else:
                 pixels = raw_pixels(msg.encoding, msg.height, msg.width, msg.step, msg.data)
             self.observation.stage(key, pixels)

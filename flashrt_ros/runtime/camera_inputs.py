@@ -52,11 +52,16 @@ def raw_pixels(encoding, height, width, step, data):
     return pixels[..., 2::-1] if bgr else pixels[..., :3]
 
 
-def compressed_pixels(data, size=None):
+def compressed_pixels(data, size=None, msg_format=''):
     """A sensor_msgs/CompressedImage's data (JPEG, PNG...) -> uint8 [H, W, 3] RGB. size: the
     (height, width) it must have, read from its header and refused (InvalidObservation)
-    before anything is decoded: a frame of another size costs no decode, however large."""
+    before anything is decoded: a frame of another size costs no decode, however large.
+    msg_format: the message's format field, to name what is refused."""
     from PIL import Image, UnidentifiedImageError
+    if 'compresseddepth' in msg_format.lower():
+        # image_transport's depth plugin: a header, then 16-bit or float depth as PNG / RVL
+        raise InvalidObservation(f'a compressedDepth image ({msg_format!r}: a depth camera\'s); '
+                                 'the policy takes 8-bit colour or grey')
     try:
         image = Image.open(io.BytesIO(data))
         if size is not None and image.size != (size[1], size[0]):

@@ -73,6 +73,10 @@ def test_what_cannot_be_read_is_refused(bad, words):
         raw_pixels(*bad)
     with pytest.raises(InvalidObservation, match='cannot decode'):
         compressed_pixels(b'not an image')
+    # a depth camera's image_transport topic: named, not "cannot decode"
+    with pytest.raises(InvalidObservation, match="compressedDepth image .'16UC1; "
+                                                 "compressedDepth png'"):
+        compressed_pixels(bytes(12) + b'\x89PNG', None, '16UC1; compressedDepth png')
 
 
 def test_a_16_bit_png_is_refused_not_clipped():
