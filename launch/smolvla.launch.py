@@ -13,6 +13,7 @@ ros2 launch flashrt_ros smolvla.launch.py checkpoint:=/path/to/checkpoint
                                  and its 0, per joint of joint_names: a LeRobot arm's degrees)
     [chunk_period:=0.0] [device:=auto] [action_topic:=/robot/cmd]
     [action_chunk_topic:=/joint_trajectory_controller/joint_trajectory]
+    [joint_commands_topic:=/forward_position_controller/commands]
     [vision_dtype:=bfloat16]     (pi0, pi05: the vision tower in bfloat16, README)
     [denoise_kernels:=compiled|fused]  (smolvla, pi0, pi05: fused denoising kernels; fused:
                                         the expert's step of our own, README)
@@ -29,7 +30,9 @@ checkpoint (read when the launch starts: LeRobot is imported then). The instruct
 change later on /flashrt_policy/instruction (std_msgs/String) or as the node's instruction
 parameter (ros2 param set). With action_joint_names, each
 chunk also goes out on ~/action_chunk as a JointTrajectory; remap it to a
-joint_trajectory_controller's topic with action_chunk_topic.
+joint_trajectory_controller's topic with action_chunk_topic. Each step's action goes out on
+~/joint_commands too (Float64MultiArray, in action_joint_names order): remap it to a
+forward_command_controller's (its joints in that order) with joint_commands_topic.
 """
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
@@ -43,8 +46,9 @@ ARGUMENTS = {'checkpoint': None, 'camera_topics': None, 'joint_names': None,
              'control_mode': 'timer', 'control_rate': '30.0', 'camera_sync': 'newest',
              'action_joint_names': '', 'joint_scale': '', 'joint_offset': '',
              'chunk_period': '0.0', 'device': 'auto', 'action_topic': '',
-             'action_chunk_topic': '', 'vision_dtype': '', 'denoise_kernels': '',
-             'expert_dtype': '', 'prefix_kernels': '', **{k: '' for k in RTC_OPTIONS}}
+             'action_chunk_topic': '', 'joint_commands_topic': '', 'vision_dtype': '',
+             'denoise_kernels': '', 'expert_dtype': '', 'prefix_kernels': '',
+             **{k: '' for k in RTC_OPTIONS}}
 # the options a checkpoint's policy class takes beyond the checkpoint (checkpoint_options)
 OPTIONS = ('vision_dtype', 'denoise_kernels', 'prefix_kernels', 'expert_dtype',
            *RTC_OPTIONS)
@@ -75,11 +79,14 @@ def _nodes(context):
     a = {k: LaunchConfiguration(k).perform(context) for k in ARGUMENTS}
     from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_sizes
     kind, obs_dim, act_dim = checkpoint_sizes(a['checkpoint'])
-    if a['action_chunk_topic'] and not _list(a, 'action_joint_names'):
-        raise RuntimeError('action_chunk_topic: chunks go out only with action_joint_names '
-                           '(the joints of the trajectory)')
+    for topic, what in (('action_chunk_topic', 'chunks'),
+                        ('joint_commands_topic', 'joint commands')):
+        if a[topic] and not _list(a, 'action_joint_names'):
+            raise RuntimeError(f'{topic}: {what} go out only with action_joint_names (the '
+                               'joints they command)')
     remaps = [(src, dst) for src, dst in (('~/action', a['action_topic']),
                                           ('~/action_chunk', a['action_chunk_topic']),
+                                          ('~/joint_commands', a['joint_commands_topic']),
                                           ('joint_states', a['joint_states'])) if dst]
     params = {'policy_type': kind, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
               'act_dim': act_dim, 'autostart': True, 'observation_type': 'cameras',

@@ -102,7 +102,8 @@ class NodeConfig:
                                             '(empty: no lower clip)')
     joint_upper_limits: list[float] = param([], 'terms: upper clip of the joint targets')
     command_outputs: list[str] = param(
-        ['float64_array'], 'terms: joint target outputs: float64_array (~/joint_commands, '
+        ['float64_array'], 'terms (and cameras with action_joint_names: each action, in ROS '
+        'units, in their order): joint target outputs: float64_array (~/joint_commands, '
         'for a forward-command position controller), joint_trajectory (~/joint_trajectory, '
         'for a JointTrajectoryController: zero stamp, one point one control period ahead)')
     initial_command: list[float] = param([], 'terms: velocity command (vx, vy, yaw rate) used '

@@ -139,9 +139,11 @@ class RobotIO:
         # also matches best-effort subscribers
         command_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg.qos_depth,
                                  reliability=ReliabilityPolicy.RELIABLE)
+        # joint commands: terms' targets, or a cameras policy's actions by action_joint_names
+        commands = settings.terms or settings.cameras and cfg.action_joint_names
         for s in self.sessions:
             s.action_pub = publisher(action_type, s.prefix + 'action')
-            for output in cfg.command_outputs if settings.terms else ():
+            for output in cfg.command_outputs if commands else ():
                 msg_type, topic = COMMAND_TOPICS[output]
                 s.command_pubs.append(publisher(msg_type, s.prefix + topic, command_qos))
             if cfg.safety and settings.terms:
@@ -273,11 +275,17 @@ class RobotIO:
                                    self.settings.node.action_joint_names, stamp))
 
     def publish_commands(self, s, action):
-        if s.command_pubs:
+        if not s.command_pubs:
+            return
+        if self.settings.terms:
             self.publish_targets(s, self.settings.targets(action))
+        else:       # cameras: the action itself, in ROS units, by action_joint_names
+            self.publish_targets(s, np.asarray(self.in_ros_units(action), np.float64),
+                                 self.settings.node.action_joint_names)
 
-    def publish_targets(self, s, targets):
-        """Joint targets (joint_names order) on the session's command outputs."""
+    def publish_targets(self, s, targets, joints=None):
+        """Joint targets (in `joints` order, joint_names by default) on the session's command
+        outputs."""
         if not s.command_pubs:
             return
         cfg = self.settings.node
@@ -286,7 +294,8 @@ class RobotIO:
         # forward controller sets them), held until the world steps and the next one comes
         period = 1.0 / cfg.control_rate if cfg.control_mode == 'timer' else 0.0
         for pub in s.command_pubs:
-            pub.publish(command_message(pub.msg_type, targets, cfg.joint_names, period))
+            pub.publish(command_message(pub.msg_type, targets, joints or cfg.joint_names,
+                                        period))
 
     def publish_chunk(self, s, policy, views):
         """The chunk the policy's latest step computed ([steps, act_dim]) as a JointTrajectory;

@@ -643,13 +643,14 @@ def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, 
 def test_joint_units_convert_the_state_in_and_the_actions_out(make, folder):
     """joint_scale / joint_offset (a checkpoint recorded in LeRobot's arm units, a robot
     publishing radians): the state the policy reads is (position - offset) * scale, and
-    ~/action and ~/action_chunk carry its actions back in ROS units, by joint name (the
+    ~/action, ~/action_chunk and the command outputs (~/joint_commands for a forward command
+    controller, ~/joint_trajectory) carry its actions back in ROS units, by joint name (the
     action joints a subset of the state's, in another order): value / scale + offset, the
     engine's actions on the converted state."""
     import numpy as np
     from builtin_interfaces.msg import Time
     from sensor_msgs.msg import JointState
-    from std_msgs.msg import Header
+    from std_msgs.msg import Float64MultiArray, Header
     import torch
     from trajectory_msgs.msg import JointTrajectory
 
@@ -662,11 +663,14 @@ def test_joint_units_convert_the_state_in_and_the_actions_out(make, folder):
     topics = {k: f'/units{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
     h, robot, cams, js, _ = _camera_node(
         make, folder, topics, joint_names=joints, instruction=TASKS[0], joint_scale=scale,
-        joint_offset=offset, action_joint_names=actions, chunk_period=0.05)
-    chunks = []
-    sub = h.client_node.create_subscription(JointTrajectory, f'/{h.name}/action_chunk',
-                                            chunks.append, 10)
-    wait_for(lambda: sub.get_publisher_count() > 0, what='the chunk topic')
+        joint_offset=offset, action_joint_names=actions, chunk_period=0.05,
+        command_outputs=['float64_array', 'joint_trajectory'])
+    chunks, commands, points = [], [], []
+    subs = [h.client_node.create_subscription(msg_type, f'/{h.name}/{topic}', got.append, 10)
+            for msg_type, topic, got in ((JointTrajectory, 'action_chunk', chunks),
+                                         (Float64MultiArray, 'joint_commands', commands),
+                                         (JointTrajectory, 'joint_trajectory', points))]
+    wait_for(lambda: all(sub.get_publisher_count() for sub in subs), what='the output topics')
     try:
         readings, rng, frames = h.node.parts.loop.cameras[0], np.random.default_rng(4), []
         for t in range(STEPS + 1):
@@ -687,6 +691,10 @@ def test_joint_units_convert_the_state_in_and_the_actions_out(make, folder):
         wait_for(lambda: len(chunks) == 2, what='two chunks')
         assert list(chunks[0].joint_names) == actions
         assert np.array_equal([list(p.positions) for p in chunks[0].points], ros[:STEPS])
+        wait_for(lambda: len(commands) == len(points) == STEPS + 1, what='the commands')
+        assert np.array_equal([list(c.data) for c in commands], ros)   # float64, exactly
+        assert all(list(p.joint_names) == actions and len(p.points) == 1 for p in points)
+        assert np.array_equal([list(p.points[0].positions) for p in points], ros)
     finally:
         robot.destroy_node()
 

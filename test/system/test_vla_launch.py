@@ -16,7 +16,7 @@ rclpy = pytest.importorskip('rclpy', reason='needs rclpy (ROS 2 Jazzy): run tool
 pytest.importorskip('lerobot.policies.smolvla.modeling_smolvla',
                     reason='needs lerobot 0.4.4 and transformers (requirements/vla.txt)')
 from sensor_msgs.msg import Image, JointState  # noqa: E402
-from std_msgs.msg import Float32MultiArray  # noqa: E402
+from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
 import torch  # noqa: E402
 from trajectory_msgs.msg import JointTrajectory  # noqa: E402
 
@@ -58,6 +58,7 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
          'joint_names:=' + ','.join(joints), f'instruction:={TASKS[0]}', 'device:=cpu',
          'action_joint_names:=' + ','.join(arm), 'chunk_period:=0.1',
          'action_chunk_topic:=/arm_controller/joint_trajectory',
+         'joint_commands_topic:=/forward_position_controller/commands',
          *[f'{k}:={v}' for k, v in options.items()]],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env=dict(os.environ, PYTHONUNBUFFERED='1', ROS_HOME=str(tmp_path)))
@@ -65,9 +66,11 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
     node = rclpy.create_node('vla_launch_test')
     spinner = spin_in_thread(node)
     try:
-        actions, chunks = [], []
+        actions, chunks, commands = [], [], []
         node.create_subscription(Float32MultiArray, '/flashrt_policy/action',
                                  lambda m: actions.append(list(m.data)), 10)
+        node.create_subscription(Float64MultiArray, '/forward_position_controller/commands',
+                                 lambda m: commands.append(list(m.data)), 10)
         node.create_subscription(JointTrajectory, '/arm_controller/joint_trajectory',
                                  chunks.append, 10)
         cams = [node.create_publisher(Image, f'/cam{i}', 10) for i in range(len(CAMERAS))]
@@ -90,13 +93,14 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
         except TimeoutError as exc:
             raise AssertionError((tmp_path / 'launch.log').read_text()[-3000:]) from exc
         wait_for(lambda: chunks, 30, what='the chunk on the controller topic')
+        wait_for(lambda: commands, 30, what="the step's command on the forward controller's")
         frame = {'observation.state': torch.from_numpy(state), 'task': TASKS[0],
                  **{k: torch.from_numpy(im.transpose(2, 0, 1).astype(np.float32) /
                                         np.float32(255)) for k, im in images.items()}}
         engine = PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, **options),
                               device='cpu',
                               capsule_dir=str(tmp_path / 'reference'))
-        assert actions[0] == engine.step(vectors(folder, [frame])[0]).tolist()
+        assert actions[0] == engine.step(vectors(folder, [frame])[0]).tolist() == commands[0]
         assert list(chunks[0].joint_names) == arm
         assert len(chunks[0].points) == (8 if rtc else 5)
         assert list(chunks[0].points[0].positions) == pytest.approx(actions[0], abs=0)
@@ -132,7 +136,8 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
     # dropped, the empty entry would put the offsets after it on the wrong joints
     ('joint_offset:=0.1,,0.3', "joint_offset:='0.1,,0.3' has an empty entry"),
     # a controller's topic for chunks that never go out (no joints named)
-    ('action_chunk_topic:=/jtc/joint_trajectory', 'chunks go out only with action_joint_names')])
+    ('action_chunk_topic:=/jtc/joint_trajectory', 'chunks go out only with action_joint_names'),
+    ('joint_commands_topic:=/fwd/commands', 'joint commands go out only with action_joint')])
 def test_arguments_that_cannot_work_end_the_launch_with_their_name(tmp_path, argument, words):
     """A launch argument that cannot work ends the launch with an error that names it, before
     any node starts."""
