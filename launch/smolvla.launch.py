@@ -96,12 +96,12 @@ def _nodes(context):
               'camera_sync': a['camera_sync'],
               'device': a['device'], 'chunk_period': _typed(a, 'chunk_period', float)}
     for key in ('action_joint_names', 'compressed_cameras'):
-        if _list(a, key):      # (an empty list has no type for ROS)
-            params[key] = _list(a, key)
+        if items := _list(a, key):      # (an empty list has no type for ROS)
+            params[key] = items
     for key in ('joint_scale', 'joint_offset'):
-        if _list(a, key):
+        if items := _list(a, key):
             try:
-                params[key] = [float(v) for v in _list(a, key)]
+                params[key] = [float(v) for v in items]
             except ValueError:
                 raise RuntimeError(f'{key}:={a[key]!r} is not a list of numbers') from None
     given = [k for k in OPTIONS if a[k]]

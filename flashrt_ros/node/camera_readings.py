@@ -21,6 +21,10 @@ def _stamp(stamp):
     return f'{stamp[0]}.{stamp[1]:09d}'
 
 
+def _seconds(stamp):
+    return stamp[0] + stamp[1] * 1e-9
+
+
 class CameraReadings:
     """One session's observation: setup (settings.CameraSetup), cfg (the NodeConfig:
     joint_names, the state's, and the instruction), device (the engine's), report
@@ -105,28 +109,27 @@ class CameraReadings:
         frames (holds), nor refused (reported) for a camera's old frame (behind)."""
         if self.holds(s, tag):
             return False
-        behind = self.behind(s, self.max_age)
+        behind = self.behind(s)
         if behind:
             self.report.refuse(f'{s.label}stale input: {behind}')
         return not behind
 
-    def behind(self, s, limit):
+    def behind(self, s):
         """Lock-step, camera_sync newest: the cameras whose newest frame is stamped more than
-        `limit` s (max_input_age, on the world's clock) before session s's joint state, in
+        max_input_age s (on the world's clock) before session s's joint state, in
         words ('' when none). A camera that stopped would otherwise have its last frame
         stepped on without end; under sim time the frames' arrival says nothing, their stamps
         do. An unstamped frame (0) is not aged."""
         if self.sync_stamps:
             return ''       # (each joint state waits for its own frames: holds)
-        sec, nanosec = s.inputs['joint_state'][1]
-        now, old = sec + nanosec * 1e-9, []
+        joint, old = s.inputs['joint_state'][1], []
         for k in self.setup.cameras:
             frame = s.inputs.get('camera:' + k, (None, (0, 0)))[1]
-            if frame != (0, 0) and now - (frame[0] + frame[1] * 1e-9) > limit:
+            if frame != (0, 0) and _seconds(joint) - _seconds(frame) > self.max_age:
                 old.append(f'{k} (its newest frame stamped {_stamp(frame)})')
         if not old:
             return ''
-        return (f'the joint state stamped {_stamp((sec, nanosec))} is more than {limit} s '
+        return (f'the joint state stamped {_stamp(joint)} is more than {self.max_age} s '
                 f'(max_input_age) after the frames of {", ".join(old)}')
 
     def on_instruction(self, s, text):

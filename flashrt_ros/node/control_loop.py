@@ -138,7 +138,7 @@ class ControlLoop:
             return      # lock-step re-sends on the world's re-sent readings; timer mode ticks
         for s in self.sessions:
             if s.unsent is not None and self.robot.reaches(s):
-                self.robot.publish_action(s, s.unsent)  # (command outputs: terms only)
+                self.robot.publish_action(s, s.unsent)  # (no command outputs here)
                 s.unsent = None
 
     # -- the safety supervisor (runtime/safety.py) ----------------------------------------------
