@@ -55,6 +55,7 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path, de
     engine = _engine(folder, tmp_path, device)
     assert engine.policy._chunk_graph.captured == (device == 'cuda')
     batch = frames(3 * STEPS + 2)
+    got_all, chunks = [], {}
     for t, (frame, obs) in enumerate(zip(batch, vectors(folder, batch))):
         # LeRobot computes a chunk when its queue is empty: give it the noise the engine's
         # rng buffer draws for that chunk (seed SEED, counter = chunks so far)
@@ -64,6 +65,16 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path, de
         want = post(reference.select_action(_on(device, pre(dict(frame))), noise=noise))[0]
         got = engine.step(obs)
         assert got.shape == (ACT_DIM,) and torch.equal(got.cpu(), want.cpu()), t
+        got_all.append(got.cpu())
+        fresh = engine.policy.fresh_chunk(engine.policy.views)
+        assert (fresh is not None) == (t % STEPS == 0), t
+        if fresh is not None:
+            chunks[t] = fresh
+    # each chunk (what ~/action_chunk sends) is the actions its steps then took, held apart
+    # from the arena that the next chunk overwrites
+    for t, chunk in chunks.items():
+        n = min(STEPS, len(got_all) - t)
+        assert torch.equal(torch.from_numpy(chunk[:n]), torch.stack(got_all[t:t + n])), t
     state = engine.policy.views
     assert int(state['left']) == STEPS - (len(batch) % STEPS)
     assert int(state['rng'][1]) == 4 and state['prefix_pad'].any()

@@ -51,16 +51,21 @@ def test_actions_equal_lerobots_real_time_chunking_loop(folder, tmp_path, device
     shape = (1, CHUNK, 16)
     want = lerobots_rtc_actions(reference, pre, post, batch, rtc_config(HORIZON), delay, 3,
                                 SEED, shape, device)
-    got, landed = [], []
+    got, chunks = [], []
     for obs in vectors(folder, batch):
         got.append(engine.step(obs).cpu())
-        landed.append(policy.fresh_chunk(policy.views) is not None)
+        chunks.append(policy.fresh_chunk(policy.views))
+    landed = [c is not None for c in chunks]
     assert all(torch.equal(a, b) for a, b in zip(got, want)), \
         [t for t, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
     first = CHUNK - 3       # the step that launches the second chunk
     # then every CHUNK - 3 steps: a landed chunk holds CHUNK - delay, launches with 3 left
     landings = [t for t, x in enumerate(landed) if x]
     assert landings[:3] == [0, first + delay, first + delay + CHUNK - 3]
+    # the landed chunk (what ~/action_chunk sends) is the actions the steps then take
+    for t, after in zip(landings, landings[1:] + [len(got)]):
+        n = min(after - t, len(chunks[t]))
+        assert torch.equal(torch.from_numpy(chunks[t][:n]), torch.stack(got[t:t + n])), t
     unguided = lerobots_rtc_actions(reference, pre, post, batch, rtc_config(HORIZON), delay,
                                     3, SEED, shape, device, guided=False)
     assert all(torch.equal(a, b) for a, b in zip(unguided[:first + delay], want))

@@ -50,6 +50,12 @@ from .lerobot_checkpoint import (BOUNDS, checkpoint_type, feature_statistics, MA
                                  STATE, TOKENS)
 
 
+def copied(actions):
+    '''The actions as a numpy array of their own: on the CPU .numpy() would share the arena's
+    memory, which the next chunk overwrites under whoever holds the array.'''
+    return actions.to('cpu', copy=True).numpy()
+
+
 class LeRobotChunkPolicy(Policy):
     '''What LeRobot's chunk policies share: the observation vector's layout (state, cameras,
     and for a language policy the instruction's tokens), normalisation with the checkpoint's
@@ -230,12 +236,12 @@ class LeRobotChunkPolicy(Policy):
         computed it (its first action was that step's), else None; views: the session's.'''
         if int(views['left']) != self.steps - 1:
             return None
-        return views['queue'].cpu().numpy()
+        return copied(views['queue'])
 
     def chunk_left(self, views):
         '''The chunk's actions from the latest step's on (numpy [n, act_dim]), whichever step
         computed it (a restored state's, to send again).'''
-        return views['queue'][self.steps - int(views['left']) - 1:].cpu().numpy()
+        return copied(views['queue'][self.steps - int(views['left']) - 1:])
 
 
 class LanguageChunkPolicy(LeRobotChunkPolicy):

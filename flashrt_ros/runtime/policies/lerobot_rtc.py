@@ -37,6 +37,7 @@ from ..config import RTC_SCHEDULES
 from ..errors import InvalidConfig
 from ..graph import StepGraph
 from ..state import BufferSpec
+from .lerobot_chunk import copied
 from .lerobot_prefix import KeptPrefixPolicy
 
 RTC_OPTIONS = ('rtc_delay', 'rtc_queue_threshold', 'rtc_execution_horizon', 'rtc_schedule',
@@ -244,9 +245,14 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         else None (real-time chunking; else as LeRobotChunkPolicy gives it).'''
         if self.rtc is None:
             return super().fresh_chunk(views)
-        return self.chunk_left(views) if views['left'][2] else None
+        left, _, landed = views['left'].tolist()    # one read of the device, not two
+        return self._from(views, left) if landed else None
 
     def chunk_left(self, views):
         if self.rtc is None:
             return super().chunk_left(views)
-        return views['queue'][self.chunk - int(views['left'][0]) - 1:].cpu().numpy()
+        return self._from(views, int(views['left'][0]))
+
+    def _from(self, views, left):
+        '''The queue's actions from the latest step's on, `left` of them still to come.'''
+        return copied(views['queue'][self.chunk - left - 1:])
