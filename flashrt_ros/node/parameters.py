@@ -337,10 +337,12 @@ class ParameterHandler:
                 return SetParametersResult(successful=False, reason=(
                     f'{fixed} shape what configure builds: deactivate and cleanup the node, '
                     'set them, then configure again'))
-            if updates.get('instruction') and settings.cameras is None:
+            if updates.get('instruction') and not (settings.cameras and
+                                                   settings.cameras.tokens):
                 return SetParametersResult(successful=False, reason=(
-                    "'instruction': observation_type cameras only (float32_array: the "
-                    'token ids come in the observation)'))
+                    "'instruction': observation_type cameras and a checkpoint that takes one "
+                    f'only (this {settings.node.policy_type} node: no instruction reaches '
+                    'its policy)'))
             for name, value in updates.items():
                 setattr(settings.node, name, value)
                 if name in self._updates:

@@ -88,6 +88,12 @@ def build_engine(settings, clock=time.time):
                         if cfg.signing_key_file else None, clock=clock)
 
 
+# parameters that only the terms mode reads; set with another observation_type they are
+# refused, not ignored (a robot would run without the limits or the supervisor they ask for)
+TERMS_ONLY = ('observation_terms', 'default_angles', 'action_scale', 'joint_lower_limits',
+              'joint_upper_limits', 'initial_command', 'safety')
+
+
 def _need(ok, name, value, what):
     if not ok:
         raise InvalidConfig(f'parameter {name!r} = {value!r}: {what}')
@@ -256,6 +262,11 @@ def load_settings(node):
         _need(cameras or not getattr(cfg, name), name, getattr(cfg, name),   # change nothing
               'observation_type cameras only: with another the node does not assemble the '
               'observation (float32_array: the token ids come in it)')
+    for name in TERMS_ONLY:     # the joint targets and the supervisor are the terms mode's
+        _need(cfg.observation_type == 'terms' or not getattr(cfg, name), name,
+              getattr(cfg, name), 'observation_type terms only: with another the node builds '
+              'no joint targets and no safety supervisor, and the actions would go out '
+              'unclipped and unsupervised')
     # one directory per node: two robots on one machine never share capsules; under ROS_HOME
     # (default ~/.ros) as ROS keeps its logs
     capsule_dir = cfg.capsule_dir or os.path.join(

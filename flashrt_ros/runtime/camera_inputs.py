@@ -72,14 +72,33 @@ def compressed_pixels(data, size=None, msg_format=''):
             # 255, an image of another world
             raise InvalidObservation(f'a {image.mode} image (more than 8 bits a pixel: a depth '
                                      'image?); the policy takes 8-bit colour or grey')
-        if image.format == 'PNG' and data[24] > 8:
-            # 16-bit colour (image_transport's png of rgb16): PIL opens it as 8-bit RGB,
-            # keeping each sample's high byte; the IHDR chunk's bit depth tells
-            raise InvalidObservation(f'a {data[24]}-bit {image.mode} PNG (more than 8 bits a '
-                                     'sample); the policy takes 8-bit colour or grey')
-        return np.asarray(image.convert('RGB'))
+        bits = data[24] if image.format == 'PNG' else \
+            max(image.tag_v2.get(258, (8,))) if image.format == 'TIFF' else 8
+        if bits > 8:
+            # 16-bit colour (image_transport's png or tiff of rgb16): PIL opens it as 8-bit
+            # RGB, keeping each sample's high byte; the PNG's IHDR chunk, the TIFF's
+            # BitsPerSample tag tell
+            raise InvalidObservation(f'a {bits}-bit {image.mode} {image.format} (more than 8 '
+                                     'bits a sample); the policy takes 8-bit colour or grey')
+        pixels = np.asarray(image.convert('RGB'))
+        return pixels[..., ::-1] if _encoded_as_rgb(msg_format) else pixels
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise InvalidObservation(f'a compressed image PIL cannot decode: {exc}') from exc
+
+
+def _encoded_as_rgb(msg_format):
+    """Whether image_transport's format ('<encoding>; <codec> compressed [<encoding it was
+    encoded in>]') says OpenCV encoded the image with its channels in RGB order. OpenCV
+    writes a colour image as if it were BGR, so the file then holds red as blue: its tiff
+    codec encodes the image as it comes ('rgb8; tiff compressed '), its jpeg and png convert
+    it to bgr8 first ('rgb8; jpeg compressed bgr8'). A format without ';' (a PIL or other
+    encoder's 'jpeg', 'png') says nothing of the kind: the file's colours are its own."""
+    source, split, codec = msg_format.partition(';')
+    words = codec.lower().split()
+    if not split or 'compressed' not in words:
+        return False
+    after = words[words.index('compressed') + 1:]
+    return (after[0] if after else source.strip().lower()).startswith('rgb')
 
 
 def as_floats(pixels):

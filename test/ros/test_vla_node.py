@@ -53,7 +53,7 @@ def test_node_steps_the_checkpoint_and_restores_mid_chunk(make, folder):
     # an instruction parameter here would change nothing (the tokens come in ~/observation)
     from rclpy.parameter import Parameter
     result = h.node.set_parameters([Parameter('instruction', value='pick')])[0]
-    assert not result.successful and 'cameras only' in result.reason
+    assert not result.successful and 'cameras and a checkpoint' in result.reason
 
 
 def test_restore_of_the_kv_kind_keeps_the_prefix_across_a_restart(make, folder):
@@ -620,7 +620,12 @@ def test_a_fleet_of_robots_with_cameras(make, folder):
           chunk_period=0.05), 'action_joint_names'),
     # units where the node does not assemble the state: they would change nothing
     (dict(observation_type='float32_array', joint_scale=[2.0] * 6), 'joint_scale'),
-    (dict(observation_type='float32_array', instruction='pick'), 'instruction')])
+    (dict(observation_type='float32_array', instruction='pick'), 'instruction'),
+    # the terms mode's joint targets and supervisor: cameras builds neither, and a robot
+    # would run without the limits and the supervision it was configured with
+    (dict(safety=['joint_position:hold']), 'safety'),
+    (dict(joint_lower_limits=[-1.0] * 6, joint_upper_limits=[1.0] * 6), 'joint_lower_limits'),
+    (dict(default_angles=[0.0] * 6), 'default_angles')])
 def test_a_cameras_setup_that_cannot_work_is_refused_at_configure(make, folder, wrong, named):
     from flashrt_ros.node.settings import load_settings
     from flashrt_ros.runtime.errors import InvalidConfig
@@ -836,6 +841,16 @@ def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     bad = make(dict(policy_type='act', policy_file=ensembles, obs_dim=dim, act_dim=ACT_DIM,
                     action_joint_names=names, chunk_period=0.05), start=False)
     assert not bad.client.change_state('configure') and bad.node.parts is None
+    # on cameras, an instruction set while running reaches no policy (ACT takes none):
+    # refused as configure refuses it, not reported as set
+    from rclpy.parameter import Parameter
+    cams = make(dict(policy_type='act', policy_file=folder, obs_dim=dim, act_dim=ACT_DIM,
+                     observation_type='cameras', joint_names=[f'j{i}' for i in range(STATE_DIM)],
+                     camera_topics=[f'{k}=/act_cam{i}' for i, k in enumerate(CAMERAS)]))
+    assert cams.node.parts is not None
+    result = cams.node.set_parameters([Parameter('instruction', value='pick')])[0]
+    assert not result.successful and 'act node' in result.reason, result.reason
+    assert cams.node.get_parameter('instruction').value == ''
 
 
 def test_a_diffusion_checkpoint_on_the_node(make, tmp_path_factory):

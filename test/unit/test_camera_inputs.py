@@ -5,6 +5,7 @@ cannot be read refused with nothing written, and a SmolVLA stepped on the device
 vector acting bit for bit as on the host-packed one, frames staged on another thread too.
 """
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -105,6 +106,47 @@ def test_a_16_bit_png_is_refused_not_clipped():
     Image.fromarray((depth >> 8).astype(np.uint8)).save(grey, format='PNG')
     pixels = compressed_pixels(grey.getvalue(), (48, 64))
     assert pixels.shape == (48, 64, 3) and np.array_equal(pixels[..., 2], depth >> 8)
+
+
+def _tiff_16_bit_rgb(value, height, width):
+    """An uncompressed 16-bit RGB TIFF (what OpenCV's imencode writes for an rgb16 image;
+    PIL writes no such file): header, BitsPerSample, pixels, one IFD."""
+    pixels = np.full((height, width, 3), value, '<u2').tobytes()
+    at = 14 + len(pixels)
+    tags = [(256, 3, 1, width), (257, 3, 1, height), (258, 3, 3, 8), (259, 3, 1, 1),
+            (262, 3, 1, 2), (273, 4, 1, 14), (277, 3, 1, 3), (278, 3, 1, height),
+            (279, 4, 1, len(pixels)), (284, 3, 1, 1)]
+    ifd = struct.pack('<H', len(tags)) + b''.join(
+        struct.pack('<HHI', tag, kind, count) +
+        (struct.pack('<HH', value, 0) if kind == 3 and count == 1 else struct.pack('<I', value))
+        for tag, kind, count, value in tags) + struct.pack('<I', 0)
+    return b'II*\x00' + struct.pack('<I', at) + struct.pack('<3H', 16, 16, 16) + pixels + ifd
+
+
+def test_image_transports_format_says_which_order_the_colours_were_encoded_in():
+    """compressed_image_transport's tiff codec encodes the image as it comes
+    (toCvShare(message, nullptr, '') in compressed_publisher.cpp) and OpenCV writes any
+    colour image as BGR: an rgb8 camera's file holds its red as blue, format 'rgb8; tiff
+    compressed '. Read back in RGB order, as image_transport's subscriber reads it; a bgr8
+    camera's tiff, its jpeg / png (converted to bgr8 first: 'compressed bgr8') and a plain
+    'png' are read as they are. A 16-bit colour TIFF is refused (PIL keeps its high bytes)."""
+    from PIL import Image
+    rgb = np.random.default_rng(3).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+
+    def file_of(pixels, kind):
+        out = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(pixels)).save(out, format=kind)
+        return out.getvalue()
+    as_opencv_writes_rgb8 = file_of(rgb[..., ::-1], 'TIFF')    # the channels as the Mat's
+    assert np.array_equal(compressed_pixels(as_opencv_writes_rgb8, (6, 8),
+                                            'rgb8; tiff compressed '), rgb)
+    assert not np.array_equal(compressed_pixels(as_opencv_writes_rgb8, (6, 8), 'tiff'), rgb)
+    for msg_format, kind in (('bgr8; tiff compressed ', 'TIFF'), ('png', 'PNG'),
+                             ('rgb8; png compressed bgr8', 'PNG'), ('', 'PNG'),
+                             ('bgr8; png compressed bgr8', 'PNG')):
+        assert np.array_equal(compressed_pixels(file_of(rgb, kind), (6, 8), msg_format), rgb)
+    with pytest.raises(InvalidObservation, match='16-bit RGB TIFF .more than 8 bits'):
+        compressed_pixels(_tiff_16_bit_rgb(1000, 6, 8), (6, 8), 'rgb16; tiff compressed ')
 
 
 @pytest.mark.parametrize('device', DEVICES)
