@@ -187,7 +187,13 @@ class StepProgram:
         elif self.sessions == 1:
             self.policy.step(self.obs_buf[0], self.act_buf[0], *extra)
         else:                       # session by session, all inside one graph
+            # an eager step (a chunk policy's, the same on every device) leaves out the
+            # sessions this tick leaves out: their state is put back below either way, and a
+            # chunk computed for one would cost a whole VLA pass, again at every tick
+            eager = not getattr(self.policy, 'capturable', True)
             for i, views in enumerate(self.arena.session_views):
+                if eager and not self._ctl_np[i, 0]:
+                    continue
                 self.policy.bind(views)
                 self.policy.step(self.obs_buf[i], self.act_buf[i], *extra)
         if self.feedback is not None:

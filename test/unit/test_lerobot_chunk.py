@@ -84,6 +84,35 @@ def test_actions_equal_lerobots_pipeline_chunk_after_chunk(folders, tmp_path, de
 
 
 @pytest.mark.parametrize('device', DEVICES)
+def test_a_fleet_computes_no_chunk_for_a_robot_left_out(folders, tmp_path, device):
+    """Two robots, the second left out of most ticks (no new reading): only the first's
+    chunks are computed (a left-out session's would be put back, at a whole VLA pass a tick);
+    the first's actions are a one-robot engine's, the second's state stays bit for bit, and
+    once it steps its actions are those of a one-robot engine from the start."""
+    _, folder = folders
+    fleet = PolicyEngine(SmolVLAChunkPolicy.from_pretrained(folder, seed=SEED), device=device,
+                         capsule_dir=str(tmp_path / 'fleet'), sessions=2)
+    alone, fresh = (_engine(folder, tmp_path / name, device) for name in ('alone', 'fresh'))
+    policy, computed = fleet.policy, []
+    chunk = policy._chunk_graph.fn
+    policy._chunk_graph.fn = lambda: computed.append(1) or chunk()
+    if policy._chunk_graph.captured:        # (a replay runs the graph, not fn: count those)
+        replay = policy._chunk_graph.replay
+        policy._chunk_graph.replay = lambda: computed.append(1) or replay()
+    obs = vectors(folder, frames(2 * STEPS + 2, seed=5))
+    second = fleet.arena.session_views[1]
+    before = {n: v.clone() for n, v in second.items()}
+    for o in obs:
+        got = fleet.step_all(np.stack([o] * 2), active=np.array([True, False]))
+        assert torch.equal(got[0], alone.step(o).cpu())
+    assert len(computed) == 3           # the first robot's chunks, at steps 0, 5 and 10
+    assert all(torch.equal(before[n], v) for n, v in second.items())
+    for o in obs[:STEPS + 1]:
+        got = fleet.step_all(np.stack([o] * 2), active=np.array([False, True]))
+        assert torch.equal(got[1], fresh.step(o).cpu())
+
+
+@pytest.mark.parametrize('device', DEVICES)
 def test_a_capsule_mid_chunk_replays_the_same_actions_eight_times(folders, tmp_path, device):
     vlm, folder = folders
     engine = _engine(folder, tmp_path, device)
