@@ -108,6 +108,12 @@ def _compare_with_predict_action(kind, device, tmp_path, around_lerobot, autocas
     engine = PolicyEngine(cls.from_pretrained(folder, seed=SEED), device=device,
                           capsule_dir=str(tmp_path / 'capsules'))
     assert engine.policy._chunk_graph.captured == (device == 'cuda')
+    if kind == 'smolvla':   # the cache's layout, learnt under autocast once, not at each bind
+        passes, prefix = [], engine.policy._prefix
+        engine.policy._prefix = lambda *a, **k: passes.append(1) or prefix(*a, **k)
+        engine.policy.bind(engine.arena.session_views[0])      # (checks the cache's dtype)
+        assert passes == []
+        del engine.policy._prefix
     steps = engine.policy.steps
     robot = _robot(cameras, 3 * steps)
     obs = _vectors(kind, folder, robot, cameras)

@@ -95,6 +95,7 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
     state (kind 'kv'), reused where the observation repeats bit for bit.'''
 
     kv_shape = None     # one layer's keys (and values); learn_layout() sets it
+    _layout_on = None   # use_amp: the device whose autocast state_specs learnt it under
     checkpoint_options = ('denoise_kernels', 'prefix_kernels')
     denoise_kernels = prefix_kernels = 'lerobot'
     _compiled_vlm = None    # the VLM's forward for the prefix pass, when compiled
@@ -178,10 +179,13 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         self.kv_dtype, self.prefix_len = first.dtype, pad.shape[1]
 
     def state_specs(self):
-        if self.kv_shape is None or self.amp:   # from one prefix pass on zeros, on the
-            with torch.no_grad(), self.autocast():  # policy's device (float16 under autocast)
+        # from one prefix pass on zeros, on the policy's device (use_amp: the dtype its
+        # autocast gives, float16 on CUDA; once a device: every bind reads these specs)
+        if self.kv_shape is None or self.amp and self._layout_on != self.device:
+            with torch.no_grad(), self.autocast():
                 self.learn_layout(*self._prefix(self._inputs(
                     torch.zeros(self.obs_dim, device=self.device))))
+            self._layout_on = self.device
         cache = (self.layers, *self.kv_shape)
         return super().state_specs() + [
             BufferSpec('prefix_k', cache, self.kv_dtype, 'kv'),
