@@ -73,6 +73,33 @@ def test_actions_equal_lerobots_real_time_chunking_loop(folder, tmp_path, device
 
 
 @pytest.mark.parametrize('device', DEVICES)
+def test_a_fleets_flights_overlap_and_each_chunk_is_computed_once(folder, tmp_path, device):
+    """Two robots whose chunks are in flight at once (one launches while the other's has
+    not landed): each robot's actions are a one-robot engine's bit for bit, and each chunk is
+    computed once (the landing takes the chunk that ran for it, kept while the other robot's
+    ran; it was computed again, synchronously, at every landing)."""
+    import numpy as np
+    fleet = PolicyEngine(_engine(folder, tmp_path / 'f', device).policy, device=device,
+                         capsule_dir=str(tmp_path / 'fleet'), sessions=2)
+    policy, computed = fleet.policy, []
+    for kept, graph in policy._guided.items():
+        graph.replay = lambda run=graph.replay: computed.append(1) or run()
+    alone = [_engine(folder, tmp_path / f'alone{i}', device) for i in range(2)]
+    obs = [vectors(folder, frames(20, seed=seed)) for seed in (11, 12)]
+    for t in range(20):
+        # the second robot a step behind: each of its launches falls inside the first's
+        # flight (launched a step before, landing two steps after)
+        active = np.array([True, t >= 1])
+        rows = np.stack([obs[0][t], obs[1][max(t - 1, 0)]])
+        got = fleet.step_all(rows, active=active)
+        assert torch.equal(got[0], alone[0].step(obs[0][t]).cpu()), t
+        if active[1]:
+            assert torch.equal(got[1], alone[1].step(obs[1][t - 1]).cpu()), t
+    launches = [a.policy.views['rng'][1].item() - 1 for a in alone]     # guided chunks
+    assert len(computed) == sum(launches) and min(launches) >= 2, (computed, launches)
+
+
+@pytest.mark.parametrize('device', DEVICES)
 def test_a_capsule_taken_in_flight_lands_the_same_chunk(folder, tmp_path, device):
     """Snapshot one step after a launch (the chunk in flight): the run after it (the landing,
     the next launch and landing) replays bit for bit 8 times, after a rollback into the flight,

@@ -139,6 +139,8 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         on_gpu = self._guided[False].captured
         self._side = torch.cuda.Stream(dev) if on_gpu else None
         self._flight = None     # whether the last launch kept the prefix; None: no launch
+        self._owner = None      # the session it ran for (_session)
+        self._landed = {}       # session -> a chunk of its that ran, kept (_keep_for_owner)
 
     def _chunk_outputs(self, actions):
         '''With real-time chunking also the whole chunk as the model gave it ('original': the
@@ -174,6 +176,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         if landing < 0 and left <= self.threshold:
             if left == 0:       # nothing queued (an episode's start): at once, unguided
                 self._wait()
+                self._keep_for_owner()
                 self._flight = None
                 self._store(self._replay(obs), None)
                 left, landed = chunk, 1
@@ -199,6 +202,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         '''Start the guided chunk of obs and rng (the session's counter); on CUDA on the side
         stream, returning at once. The prefix is kept where lerobot_prefix.py says.'''
         self._wait()            # the graphs' inputs are free (the last launch has read them)
+        self._keep_for_owner()
         v = self.views
         kept = self._prefix_is(obs)
         if kept:
@@ -212,22 +216,44 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
             self._side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._side):
                 self._guided[kept].replay()
-        self._flight = kept
+        self._flight, self._owner = kept, self._session()
+
+    def _session(self):
+        '''Which session the policy is bound to (its 'left' buffer's address).'''
+        return self.views['left'].data_ptr()
+
+    def _keep_for_owner(self):
+        '''Before this session's chunk takes the graphs: another session's chunk that ran
+        there (finished: _wait) is kept, with the inputs it ran on, for that session's
+        landing. A fleet's flights overlap; without this each landing computed its chunk
+        again, synchronously, the wait that real-time chunking is there to hide.'''
+        if self._flight is not None and self._owner != self._session():
+            self._landed[self._owner] = (self._flight, *(t.clone() for t in (
+                self._chunk_obs, self._chunk_rng, self._leftover)),
+                {n: t.clone() for n, t in self._guided_out[self._flight].items()})
+            self._flight = None
 
     def _land(self):
-        '''Put the in-flight chunk into the queue; computed again, from the state's inputs,
-        unless the one that ran had them bit for bit.'''
+        '''Put the in-flight chunk into the queue: the one that ran for this session (in
+        the graphs, or kept while another session's ran) if it ran on the state's inputs
+        bit for bit, else computed again from them.'''
         self._wait()
         v, bits = self.views, (lambda t: t.view(torch.int32))
-        same = self._flight is not None and bool(
-            (bits(self._chunk_obs) == bits(v['flight_obs'])).all()
-            & (self._chunk_rng == v['flight_rng']).all()
-            & (bits(self._leftover) == bits(v['original'][self.chunk - self.threshold:])).all())
+        ran = self._landed.pop(self._session(), None)
+        if self._flight is not None and self._owner == self._session():
+            ran = (self._flight, self._chunk_obs, self._chunk_rng, self._leftover,
+                   self._guided_out[self._flight])
+        same = ran is not None and bool(
+            (bits(ran[1]) == bits(v['flight_obs'])).all() & (ran[2] == v['flight_rng']).all()
+            & (bits(ran[3]) == bits(v['original'][self.chunk - self.threshold:])).all())
         if not same:
             self._launch(v['flight_obs'], v['flight_rng'])
             self._wait()
-        kept, self._flight = self._flight, None
-        self._store(self._guided_out[kept], None if kept else v['flight_obs'])
+            ran = (self._flight, None, None, None, self._guided_out[self._flight])
+        kept, out = ran[0], ran[4]
+        if self._flight is not None and self._owner == self._session():
+            self._flight = None
+        self._store(out, None if kept else v['flight_obs'])
         self.prefix_reused += kept
 
     def _store(self, out, prefix_obs):
