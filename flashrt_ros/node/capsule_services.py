@@ -78,6 +78,8 @@ class CapsuleServices:
             self._answer(response, p.engine.restore(request.name, kinds, session=index))
             if kinds is None:       # a partial restore leaves the rest, a hold included
                 self._replaced(p, index)
+            elif 'chunk' in kinds:  # but a chunk restored is owed (~/action_chunk)
+                p.loop.sessions[index].chunk_owed = True
         return self._serve(response, op)
 
     def fork(self, request, response):

@@ -284,10 +284,9 @@ class ControlLoop:
             self._pending_since = time.monotonic()
 
     def _answered_stamp(self, s, key, stamp):
-        """A reading under the stamp the state answered last: with the same values it is the
-        world re-sending (it never got the command), and the command is re-sent if it surely
-        never arrived (the state was restored since, or it went out to no subscriber); with
-        new values it is a stamping fault."""
+        """A reading under the stamp the state answered last: the same values are the world
+        re-sending (it never got the command: re-sent if it surely never arrived, the state
+        restored since or no subscriber then); new values are a stamping fault."""
         reading = s.inputs[key]
         if reading[1] != stamp:
             return                  # an IMU reading ahead of the joints: wait for them
@@ -325,12 +324,11 @@ class ControlLoop:
 
     def state_replaced(self, index=None):
         """After a restore, reset, rollback or recovery of session `index` (None: all): in
-        lock-step its readings, camera frames too (a joint state waits for a new one from each
-        camera), answered the old state and are dropped; the readings the state answered last
-        are its own (the engine's input tag, which capsules and checkpoints carry). A world
-        that re-sends those (it never got their command: the node died or was restored in
-        between) gets the command of the state's last action again, not a second step. In
-        every mode its chunk is owed again (~/action_chunk: the controller plays the old one)."""
+        lock-step its readings, camera frames too, answered the old state and are dropped; the
+        readings the state answered last are its own (the engine's input tag, which capsules
+        carry). A world that re-sends those (it never got their command: the node died or was
+        restored in between) gets the command of the state's last action again, not a second
+        step. In every mode its chunk is owed again (~/action_chunk)."""
         if index is None:
             self._pending_since = None
         for s in self.sessions:
@@ -347,9 +345,8 @@ class ControlLoop:
             s.resend, last = False, self.engine.last_action(session=s.index)
             why = "the restored state's last stamp"
             if last is None:
-                self.log.warning(f'{s.label}readings of an already answered stamp arrived '
-                                 "after a restore, and this policy's state keeps no last "
-                                 'action to re-send; waiting for new readings')
+                self.log.warning(f'{s.label}readings of an answered stamp came after a restore,'
+                                 ' and the state keeps no last action to re-send: waiting')
                 return
         else:
             last, why = s.unsent, 'a stamp whose commands went out before any subscriber matched'
@@ -357,4 +354,7 @@ class ControlLoop:
                       'its last action')
         self.robot.publish_action(s, last)
         self.robot.publish_commands(s, last)
+        if s.chunk_pub is not None:     # and the chunk, owed since the restore
+            self.robot.publish_chunk(s, self.engine.policy,
+                                     self.engine.arena.session_views[s.index])
         s.unsent = None if self.robot.reaches(s) else last

@@ -228,11 +228,14 @@ class PolicyEngine:
             return int(self._sessions.find(session).views['meta'][META_TAG])
 
     def last_action(self, session=None):
-        """The previous action held in the state ('last_action', when the engine feeds it
-        back), as float32 numpy [act_dim]; None when the state keeps none."""
+        """The previous action held in the state as float32 numpy [act_dim] ('last_action',
+        when the engine feeds it back; a chunk policy's, in its queue); None if none is."""
         with self._lock:
-            last = self._sessions.find(session).views.get('last_action')
-            return None if last is None else last.cpu().numpy().copy()
+            views = self._sessions.find(session).views
+            if 'last_action' in views:
+                return views['last_action'].cpu().numpy().copy()
+            rest = getattr(self.policy, 'chunk_left', lambda views: None)(views)
+            return None if rest is None else rest[0]
 
     def prefill(self, observations, session=None):
         """Feed [T, obs_dim] observations into the history (eager); ring is cleared."""
@@ -280,12 +283,10 @@ class PolicyEngine:
             return [n for (n, _), ok in zip(floats, flags) if not ok]
 
     def clear_beyond_position(self, session=None):
-        """Zeroes the append rows past the live position.
-
-        Normally unneeded: steps mask those rows out. But a NaN/Inf row left there by a
-        poisoned step would still reach the output (0 * NaN is NaN), so recovery from a
-        poisoned state calls this once. Costs a write of the unused capacity.
-        """
+        """Zeroes the append rows past the live position. Normally unneeded: steps mask those
+        rows out, but a NaN/Inf row left there by a poisoned step would still reach the output
+        (0 * NaN is NaN), so recovery from a poisoned state calls this once. Costs a write of
+        the unused capacity."""
         with self._lock:
             s = self._sessions.find(session)
             self.arena.blocks[s.index][self.arena.live_nbytes(s.position):].zero_()

@@ -290,6 +290,54 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
         robot.destroy_node()
 
 
+def test_lockstep_a_world_resending_after_a_restore_gets_its_command_and_chunk(make, folder):
+    """Lock-step, a chunk policy with command outputs: after a restore, a world that re-sends
+    the readings the restored state answered last (it never got their command) gets that
+    step's command again, the restored state's action, and the rest of its chunk from it;
+    not a second step. A chunk policy keeps no last_action buffer: the action is its queue's
+    (the world waited, stalled, for a command that never came)."""
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray, Header
+    from trajectory_msgs.msg import JointTrajectory
+
+    from support.common import wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    topics = {k: f'/again{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, _ = _camera_node(make, folder, topics, joint_names=joints,
+                                         instruction=TASKS[0], chunk_period=0.05,
+                                         action_joint_names=joints[:ACT_DIM])
+    chunks, commands = [], []
+    subs = [h.client_node.create_subscription(JointTrajectory, f'/{h.name}/action_chunk',
+                                              chunks.append, 10),
+            h.client_node.create_subscription(Float64MultiArray, f'/{h.name}/joint_commands',
+                                              commands.append, 10)]
+    wait_for(lambda: all(s.get_publisher_count() for s in subs), what='the outputs')
+    try:
+        readings, rng, states = h.node.parts.loop.cameras[0], np.random.default_rng(8), []
+        for t in range(STEPS + 2):
+            _send_frames(rng, cams, readings, t)
+            states.append([float(v) for v in rng.standard_normal(STATE_DIM)])
+            js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
+                                  position=states[-1]))
+            actions = h.client.wait_actions(t + 1)
+            if t == 2:
+                assert h.call('snapshot', name='mid').success
+        wait_for(lambda: len(chunks) == 2 and len(commands) == STEPS + 2, what='the outputs')
+        assert h.call('restore', name='mid').success
+        js.publish(JointState(name=joints, header=Header(stamp=Time(sec=3)), position=states[2]))
+        wait_for(lambda: len(commands) == STEPS + 3 and len(chunks) == 3,
+                 what='the command and the chunk again')
+        assert [float(v) for v in commands[-1].data] == [float(v) for v in actions[2]]
+        assert [[float(v) for v in p.positions] for p in chunks[-1].points] == \
+            [[float(v) for v in a] for a in actions[2:STEPS]]
+        assert h.client.actions_received() == STEPS + 3     # ~/action again, no step
+    finally:
+        robot.destroy_node()
+
+
 def test_lockstep_refuses_a_joint_state_long_after_a_cameras_newest_frame(make, folder):
     """Lock-step, camera_sync newest (a simulator's cameras at their own rate): a joint state
     stamped more than max_input_age after a camera's newest frame (a camera that stopped)
@@ -775,6 +823,12 @@ def test_after_a_restore_mid_chunk_the_rest_of_its_chunk_goes_out_again(make, fo
     assert h.steps(obs[4:5]) == later[1:2]
     time.sleep(0.2)
     assert len(chunks) == 3                 # once after the restore, not every step
+    # a restore of the chunk alone (kinds [chunk]) replaces it too: its rest goes out again
+    assert h.call('restore', name='mid', kinds=['chunk']).success
+    assert h.steps(obs[5:6]) == later[:1]
+    wait_for(lambda: len(chunks) == 4, what="the chunk restored alone")
+    assert [[float(v) for v in p.positions] for p in chunks[3].points] == \
+        [[float(v) for v in a] for a in (first + later)[3:STEPS]]
 
 
 def test_real_time_chunking_on_the_node(make, folder):
