@@ -66,6 +66,15 @@ def _list(a, key):
     return items
 
 
+def _needed(a, key):
+    """A list launch argument the node cannot run without (an empty one has no ROS type:
+    launch_ros would fail naming none of them)."""
+    items = _list(a, key)
+    if not items:
+        raise RuntimeError(f'{key}:={a[key]!r}: the node needs at least one')
+    return items
+
+
 def _typed(a, key, kind):
     """Launch argument `key` as kind (int, float or str), or an error that names it."""
     try:
@@ -90,8 +99,8 @@ def _nodes(context):
                                           ('joint_states', a['joint_states'])) if dst]
     params = {'policy_type': kind, 'policy_file': a['checkpoint'], 'obs_dim': obs_dim,
               'act_dim': act_dim, 'autostart': True, 'observation_type': 'cameras',
-              'camera_topics': _list(a, 'camera_topics'),
-              'joint_names': _list(a, 'joint_names'), 'instruction': a['instruction'],
+              'camera_topics': _needed(a, 'camera_topics'),
+              'joint_names': _needed(a, 'joint_names'), 'instruction': a['instruction'],
               'control_mode': a['control_mode'], 'control_rate': _typed(a, 'control_rate', float),
               'camera_sync': a['camera_sync'],
               'device': a['device'], 'chunk_period': _typed(a, 'chunk_period', float)}

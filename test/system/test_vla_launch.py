@@ -137,7 +137,10 @@ def test_smolvla_launch_acts_on_cameras_and_joint_states(tmp_path, options):
     ('joint_offset:=0.1,,0.3', "joint_offset:='0.1,,0.3' has an empty entry"),
     # a controller's topic for chunks that never go out (no joints named)
     ('action_chunk_topic:=/jtc/joint_trajectory', 'chunks go out only with action_joint_names'),
-    ('joint_commands_topic:=/fwd/commands', 'joint commands go out only with action_joint')])
+    ('joint_commands_topic:=/fwd/commands', 'joint commands go out only with action_joint'),
+    # blank (ros2 launch refuses an empty value itself): launch_ros's own error for an
+    # empty list names no argument
+    ('joint_names:= ', "joint_names:=' ': the node needs at least one")])
 def test_arguments_that_cannot_work_end_the_launch_with_their_name(tmp_path, argument, words):
     """A launch argument that cannot work ends the launch with an error that names it, before
     any node starts."""
