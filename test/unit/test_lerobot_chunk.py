@@ -381,6 +381,54 @@ def act_folder(tmp_path_factory):
     return act_checkpoint(tmp_path_factory.mktemp('act'))
 
 
+@pytest.mark.parametrize('kind', ['act', 'smolvla'])
+def test_weights_missing_from_the_checkpoint_are_refused_not_left_random(folders, act_folder,
+                                                                         tmp_path, kind):
+    """LeRobot's loader keeps a weight missing from model.safetensors at its random initial
+    value with a warning (from_pretrained's strict=False): the node would act on it. A
+    weight left out, a config with a layer more than its weights, no weights file: each
+    refused by name; the folder as written loads, a weight beyond the config's is left unused
+    (as LeRobot leaves it), and LeRobot's class and module are as they were."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import load_lerobot
+    cls, folder = (ACTChunkPolicy, act_folder) if kind == 'act' else \
+        (SmolVLAChunkPolicy, folders[1])
+    cls.from_pretrained(str(folder))
+
+    def edited(name):
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        return copy
+    short = edited('short')
+    weights = load_file(short / 'model.safetensors')
+    save_file(dict(list(weights.items())[1:]), short / 'model.safetensors')
+    none = edited('none')
+    (none / 'model.safetensors').unlink()
+    cases = [(short, 'lacks 1 of the weights'), (none, 'holds no model.safetensors')]
+    if kind == 'act':       # (SmolVLA's layer counts are its VLM folder's)
+        deeper = edited('deeper')
+        config = json.loads((deeper / 'config.json').read_text())
+        config['n_encoder_layers'] += 1
+        (deeper / 'config.json').write_text(json.dumps(config))
+        cases.append((deeper, 'lacks .* of the weights'))
+    for bad, words in cases:
+        with pytest.raises(InvalidConfig, match=words):
+            cls.from_pretrained(str(bad))
+    # a weight the config has no place for is left unused, as LeRobot leaves it
+    extra = edited('extra')
+    save_file({**weights, 'model.unused_head.weight': torch.ones(2)},
+              extra / 'model.safetensors')
+    assert load_lerobot(kind, str(extra)) is not None
+    from lerobot.policies import pretrained
+    from lerobot.policies.factory import get_policy_class
+    assert 'load_state_dict' not in get_policy_class(kind).__dict__
+    assert pretrained.log_model_loading_keys.__module__.startswith('lerobot.')
+
+
 def test_a_folder_of_another_policy_or_of_none_is_refused_by_name(folders, act_folder,
                                                                   tmp_path):
     """policy_file names a checkpoint of another policy type: refused with both types (LeRobot

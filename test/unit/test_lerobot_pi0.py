@@ -219,6 +219,32 @@ def test_the_fused_steps_run_eagerly_are_lerobots_bit_for_bit(tmp_path, monkeypa
         assert torch.equal(got, want), float((got - want).abs().max())
 
 
+def test_weights_that_did_not_load_are_refused_not_left_random(folder, tmp_path):
+    """Pi0's and Pi0.5's from_pretrained catch a failed load, or a missing model.safetensors,
+    print it and return the model with its random initial weights: refused, by name; the
+    folder as written loads, and LeRobot's class is as it was."""
+    import shutil
+
+    from lerobot.policies.factory import get_policy_class
+    from safetensors.torch import load_file, save_file
+
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_type
+    cls = CLASSES[checkpoint_type(folder)]
+    short, none = tmp_path / 'short', tmp_path / 'none'
+    for copy in (short, none):
+        shutil.copytree(folder, copy)
+    weights = load_file(short / 'model.safetensors')
+    save_file(dict(list(weights.items())[1:]), short / 'model.safetensors')
+    (none / 'model.safetensors').unlink()
+    with small_sizes():     # (the test checkpoint's sizes: support/pi0.py)
+        cls.from_pretrained(str(folder))
+        for bad, words in ((short, 'lacks 1 of the weights its config describes'),
+                           (none, 'holds no model.safetensors')):
+            with pytest.raises(InvalidConfig, match=words):
+                cls.from_pretrained(str(bad))
+    assert 'load_state_dict' not in get_policy_class(cls.kind).__dict__
+
+
 def test_a_prompt_cut_to_the_checkpoints_length_is_refused_where_it_holds_the_state(folder):
     """LeRobot's tokenizer step cuts a prompt to tokenizer_max_length. Pi0.5's prompt ends
     with the state and the "Action:" cue, so a long instruction would cut them off: refused,

@@ -1,6 +1,7 @@
 '''What a LeRobot checkpoint folder says about its policy's inputs and outputs, from its
 config and pre-processor alone (the policy node's parameters and cameras observation, the
-launch's sizes): no model is built.'''
+launch's sizes): no model is built; and the model itself, loaded whole or refused
+(load_lerobot).'''
 
 import json
 from pathlib import Path
@@ -35,6 +36,59 @@ def checkpoint_type(folder):
                             ': merge it into its base (peft\'s merge_and_unload, then '
                             'save_pretrained with use_peft false) and load that folder')
     return kind
+
+
+def load_lerobot(kind, folder):
+    '''LeRobot's policy of `kind` from a checkpoint folder (its from_pretrained), every
+    weight of the config loaded from model.safetensors, else InvalidConfig. LeRobot's loaders
+    are lenient: ACT's, Diffusion's and SmolVLA's log the weights missing from the file and
+    keep their random initial values, Pi0's and Pi0.5's print a failed load, or a missing file,
+    and return the model unloaded: a robot acting on random weights. Weights the file holds
+    beyond the config's are left unused, as LeRobot leaves them.'''
+    from lerobot.policies import pretrained
+    from lerobot.policies.factory import get_policy_class
+    policy_cls = get_policy_class(kind)
+    if not (Path(folder) / 'model.safetensors').is_file():
+        raise InvalidConfig(f'{folder} holds no model.safetensors (the policy\'s weights)')
+    seen, log_keys = {}, pretrained.log_model_loading_keys
+    own = policy_cls.__dict__.get('load_state_dict')
+
+    def logged(missing, unexpected):        # what LeRobot's safetensors load found
+        seen['lerobot'] = list(missing)
+        return log_keys(missing, unexpected)
+
+    def load_state_dict(module, state_dict, strict=True, **kwargs):     # Pi0's and Pi0.5's
+        try:                                # (strict or not, the matching weights load)
+            result = torch.nn.Module.load_state_dict(module, state_dict, strict=False, **kwargs)
+        except RuntimeError as exc:         # a weight of another shape
+            seen['failed'] = exc
+            raise
+        seen.setdefault('torch', []).extend(result.missing_keys)
+        return result
+    # a refused checkpoint leaves the process as it was: LeRobot's constructor sets the
+    # float32 matmul precision when the config asks it to compile
+    precision = torch.get_float32_matmul_precision()
+    pretrained.log_model_loading_keys, policy_cls.load_state_dict = logged, load_state_dict
+    try:
+        policy = policy_cls.from_pretrained(folder)
+    except RuntimeError as exc:             # (safetensors': a weight of another shape)
+        seen['failed'] = exc
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        pretrained.log_model_loading_keys = log_keys
+        if own is None:
+            del policy_cls.load_state_dict
+        else:
+            policy_cls.load_state_dict = own
+    missing = seen.get('lerobot', seen.get('torch'))
+    if 'failed' in seen or missing is None:
+        raise InvalidConfig(f'{folder}: LeRobot could not load model.safetensors: '
+                            f'{str(seen.get("failed", "no weights loaded")).strip()[:600]}')
+    if missing:
+        raise InvalidConfig(f'{folder}: model.safetensors lacks {len(missing)} of the weights '
+                            'its config describes (LeRobot would leave them at random initial '
+                            f'values): {", ".join(missing[:4])}')
+    return policy
 
 
 def _json(path):

@@ -44,10 +44,9 @@ from ..errors import InvalidConfig, InvalidObservation
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .base import gaussian_noise, Policy
-from .lerobot_checkpoint import (BOUNDS, checkpoint_type, feature_statistics, MASK,
-                                 observation_size,
-                                 placeholder_cameras, processor_statistics, robot_cameras,
-                                 STATE, TOKENS)
+from .lerobot_checkpoint import (BOUNDS, checkpoint_type, feature_statistics, load_lerobot,
+                                 MASK, observation_size, placeholder_cameras,
+                                 processor_statistics, robot_cameras, STATE, TOKENS)
 
 
 def copied(actions):
@@ -118,17 +117,10 @@ class LeRobotChunkPolicy(Policy):
         save_pretrained writes), loaded by LeRobot itself; the statistics are those LeRobot's
         pipeline uses, with its steps' modes and eps (processor_statistics); options: the
         class's checkpoint_options.'''
-        from lerobot.policies.factory import get_policy_class
         checkpoint_type(folder)     # a folder that is no checkpoint, or an adapter, by name
         stats = processor_statistics(folder)
-        # a refused checkpoint leaves the process as it was: LeRobot's constructor sets the
-        # float32 matmul precision when the config asks it to compile
-        precision = torch.get_float32_matmul_precision()
-        try:
-            lerobot = get_policy_class(cls.kind).from_pretrained(folder)
-        finally:
-            torch.set_float32_matmul_precision(precision)
-        return cls(lerobot, stats=stats or None, cameras=cameras, seed=seed, **options)
+        return cls(load_lerobot(cls.kind, folder), stats=stats or None, cameras=cameras,
+                   seed=seed, **options)
 
     def config(self):
         # what shapes the computation besides the weights; never a path (vlm_model_name): a
