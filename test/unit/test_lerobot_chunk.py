@@ -455,6 +455,16 @@ def test_a_folder_of_another_policy_or_of_none_is_refused_by_name(folders, act_f
                  lambda: checkpoint_sizes(tmp_path / 'none')):
         with pytest.raises(InvalidConfig, match='not a LeRobot checkpoint folder'):
             call()
+    # ACT with an environment state and no joint state: nothing for the robot's joints
+    import shutil
+    stateless = tmp_path / 'stateless'
+    shutil.copytree(act_folder, stateless)
+    config = json.loads((stateless / 'config.json').read_text())
+    config['input_features']['observation.environment_state'] = \
+        config['input_features'].pop('observation.state')
+    (stateless / 'config.json').write_text(json.dumps(config))
+    with pytest.raises(InvalidConfig, match='act checkpoint without observation.state'):
+        checkpoint_sizes(stateless)
 
 
 @pytest.mark.parametrize('device', DEVICES)

@@ -116,6 +116,17 @@ def robot_cameras(config):
             if k not in placeholders}
 
 
+def state_shape(config):
+    '''The shape of a LeRobot config's observation.state (the robot's joints), or
+    InvalidConfig for a config without one (an environment state or images alone).'''
+    feature = config.input_features.get(STATE)
+    if feature is None:
+        raise InvalidConfig(f'a {config.type} checkpoint without observation.state (its inputs:'
+                            f' {sorted(config.input_features)}): the node feeds the robot\'s '
+                            'joint state there')
+    return tuple(feature.shape)
+
+
 def placeholder_cameras(config):
     '''The image keys a config adds for its `empty_cameras` (LeRobot's naming).'''
     return {f'observation.images.empty_camera_{i}'
@@ -131,7 +142,7 @@ def checkpoint_sizes(folder):
     config = PreTrainedConfig.from_pretrained(folder)
     cameras = robot_cameras(config)
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
-    state_dim = config.input_features[STATE].shape[0]
+    state_dim = state_shape(config)[0]
     return (config.type, observation_size(state_dim, cameras, tokens),
             config.output_features['action'].shape[0])
 
@@ -168,8 +179,8 @@ def checkpoint_inputs(folder):
                                       postprocessor_overrides=on_cpu['postprocessor'])
     step = next((s for s in pre.steps if isinstance(s, TokenizerProcessorStep)), None)
     cameras = robot_cameras(config)
-    state_shape = config.input_features[STATE].shape
-    blank = {STATE: torch.zeros(state_shape),
+    shape = state_shape(config)
+    blank = {STATE: torch.zeros(shape),
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
     state_in_prompt = config.type == 'pi05'
@@ -190,7 +201,7 @@ def checkpoint_inputs(folder):
             if state is None:
                 raise ValueError(f'{config.type}: the prompt holds the state; tokenize each '
                                  'observation with its state')
-            frame[STATE] = torch.as_tensor(state, dtype=torch.float32).reshape(state_shape)
+            frame[STATE] = torch.as_tensor(state, dtype=torch.float32).reshape(shape)
         return frame
 
     def length(text, state=None):

@@ -46,7 +46,8 @@ from ..state import BufferSpec
 from .base import gaussian_noise, Policy
 from .lerobot_checkpoint import (BOUNDS, checkpoint_type, feature_statistics, load_lerobot,
                                  MASK, observation_size, placeholder_cameras,
-                                 processor_statistics, robot_cameras, STATE, TOKENS)
+                                 processor_statistics, robot_cameras, STATE, state_shape,
+                                 TOKENS)
 
 
 def copied(actions):
@@ -76,7 +77,7 @@ class LeRobotChunkPolicy(Policy):
             raise InvalidConfig(f'{self.kind}: compile_model is not supported (the engine runs '
                                 'and captures LeRobot\'s modules as they are): save the '
                                 'checkpoint with compile_model false')
-        state_dim = cfg.input_features[STATE].shape[0]
+        state_dim = state_shape(cfg)[0]
         robot = robot_cameras(cfg)     # the config's cameras but its empty_cameras
         cams = robot if cameras is None \
             else {k: tuple(int(s) for s in v) for k, v in cameras.items()}
