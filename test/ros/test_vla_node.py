@@ -826,7 +826,7 @@ def test_after_a_restore_mid_chunk_the_rest_of_its_chunk_goes_out_again(make, fo
     # a restore of the chunk alone (kinds [chunk]) replaces it too: its rest goes out again
     assert h.call('restore', name='mid', kinds=['chunk']).success
     assert h.steps(obs[5:6]) == later[:1]
-    wait_for(lambda: len(chunks) == 4, what="the chunk restored alone")
+    wait_for(lambda: len(chunks) == 4, what='the chunk restored alone')
     assert [[float(v) for v in p.positions] for p in chunks[3].points] == \
         [[float(v) for v in a] for a in (first + later)[3:STEPS]]
 
