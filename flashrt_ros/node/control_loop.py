@@ -354,7 +354,7 @@ class ControlLoop:
                       'its last action')
         self.robot.publish_action(s, last)
         self.robot.publish_commands(s, last)
-        if s.chunk_pub is not None:     # and the chunk, owed since the restore
+        if s.chunk_pub is not None:     # and the chunk, owed since a restore (publish_chunk)
             self.robot.publish_chunk(s, self.engine.policy,
                                      self.engine.arena.session_views[s.index])
         s.unsent = None if self.robot.reaches(s) else last

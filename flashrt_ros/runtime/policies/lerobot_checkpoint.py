@@ -179,8 +179,8 @@ def checkpoint_inputs(folder):
                                       postprocessor_overrides=on_cpu['postprocessor'])
     step = next((s for s in pre.steps if isinstance(s, TokenizerProcessorStep)), None)
     cameras = robot_cameras(config)
-    shape = state_shape(config)
-    blank = {STATE: torch.zeros(shape),
+    joints = state_shape(config)
+    blank = {STATE: torch.zeros(joints),
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
     state_in_prompt = config.type == 'pi05'
@@ -201,7 +201,7 @@ def checkpoint_inputs(folder):
             if state is None:
                 raise ValueError(f'{config.type}: the prompt holds the state; tokenize each '
                                  'observation with its state')
-            frame[STATE] = torch.as_tensor(state, dtype=torch.float32).reshape(shape)
+            frame[STATE] = torch.as_tensor(state, dtype=torch.float32).reshape(joints)
         return frame
 
     def length(text, state=None):

@@ -238,23 +238,26 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         the graphs, or kept while another session's ran) if it ran on the state's inputs
         bit for bit, else computed again from them.'''
         self._wait()
-        v, bits = self.views, (lambda t: t.view(torch.int32))
-        ran = self._landed.pop(self._session(), None)
-        if self._flight is not None and self._owner == self._session():
+        v, me = self.views, self._session()
+        ran = self._landed.pop(me, None)        # (kept, obs, rng, leftover, outputs)
+        if self._flight is not None and self._owner == me:     # still in the graphs
             ran = (self._flight, self._chunk_obs, self._chunk_rng, self._leftover,
                    self._guided_out[self._flight])
-        same = ran is not None and bool(
-            (bits(ran[1]) == bits(v['flight_obs'])).all() & (ran[2] == v['flight_rng']).all()
-            & (bits(ran[3]) == bits(v['original'][self.chunk - self.threshold:])).all())
-        if not same:
+        if ran is None or not self._ran_on(*ran[1:4]):
             self._launch(v['flight_obs'], v['flight_rng'])
             self._wait()
             ran = (self._flight, None, None, None, self._guided_out[self._flight])
-        kept, out = ran[0], ran[4]
-        if self._flight is not None and self._owner == self._session():
+        kept, *_, out = ran
+        if self._owner == me:
             self._flight = None
         self._store(out, None if kept else v['flight_obs'])
         self.prefix_reused += kept
+
+    def _ran_on(self, obs, rng, leftover):
+        '''Whether a chunk ran on the session's in-flight inputs, bit for bit.'''
+        v, bits = self.views, (lambda t: t.view(torch.int32))
+        return bool((bits(obs) == bits(v['flight_obs'])).all() & (rng == v['flight_rng']).all()
+                    & (bits(leftover) == bits(v['original'][self.chunk - self.threshold:])).all())
 
     def _store(self, out, prefix_obs):
         '''A chunk's outputs into the session's state; prefix_obs: the observation whose
