@@ -59,26 +59,32 @@ class CameraReadings:
     def stage(self, key, msg):
         """A camera's message decoded and staged on the device, off the lock (the camera
         thread); None, or what refuses it (an exception, reported by on_image)."""
+        epoch = self.observation.epoch      # before decoding: a restore meanwhile outdates it
         try:
             if key in self.setup.compressed:
                 pixels = compressed_pixels(bytes(msg.data), self.setup.cameras[key][1:],
                                            msg.format)
             else:
                 pixels = raw_pixels(msg.encoding, msg.height, msg.width, msg.step, msg.data)
-            self.observation.stage(key, pixels)
+            self.observation.stage(key, pixels, epoch)
         except Exception as exc:  # noqa: B902 - reported under the lock, as callbacks are
             return exc
         return None
 
     def on_image(self, s, key, problem, stamp):
         """The frame stage() made of session s's camera message into the observation (under
-        the lock): True; or refused (problem; the frame before it kept): False."""
+        the lock): True; or refused (problem; the frame before it kept): False; or False, left
+        out, for a frame taken before the state was replaced (lock-step's restore, reset,
+        rollback), decoded meanwhile: the replaced episode's world, as the frames forgotten."""
         if isinstance(problem, InvalidObservation):
             self.report.refuse(f'{s.label}{key}: {problem}', key='image')
             return False
         if problem is not None:
             raise problem
-        self.observation.put_staged(key)
+        if not self.observation.put_staged(key):
+            self.log.info(f'{s.label}{key}: a frame taken before the state was replaced is '
+                          'left out (the replaced episode\'s)')
+            return False
         s.store('camera:' + key, True, stamp)
         return True
 

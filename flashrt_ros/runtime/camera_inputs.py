@@ -128,15 +128,20 @@ class CameraObservation:
         self._tokens = self.vector[at:]
         self._255 = torch.tensor(255.0, device=device)  # a device divisor: a true division
         self.has = set()            # the parts written so far: 'state', camera keys, 'tokens'
+        # forget_images' count: a frame staged from a message taken before the images were
+        # forgotten is the replaced episode's, and never enters the vector (put_staged)
+        self.epoch = 0
+        self._staged_epoch = {}
         # each camera's staged frame: uint8 as it came, then float32 as the vector holds it
         self._staged = {key: (torch.empty(h, w, c, dtype=torch.uint8, device=device),
                               torch.empty(c, h, w, device=device))
                         for key, (c, h, w) in self.cameras.items()}
 
-    def stage(self, key, pixels):
+    def stage(self, key, pixels, epoch=None):
         """A camera's uint8 [H, W, 3] frame, copied to the device as uint8 and converted there
         into the camera's staging buffer; the vector is not touched (put_staged). One thread
-        stages. InvalidObservation (nothing written) for another size."""
+        stages. InvalidObservation (nothing written) for another size. epoch: self.epoch when
+        the frame's message was taken (before its decoding), now by default."""
         raw, floats = self._staged[key]
         if pixels.shape != raw.shape:
             raise InvalidObservation(f'{pixels.shape[1]} x {pixels.shape[0]}, the checkpoint '
@@ -146,16 +151,22 @@ class CameraObservation:
         raw.copy_(torch.from_numpy(np.ascontiguousarray(pixels)))
         floats.copy_(raw.permute(2, 0, 1))
         floats.div_(self._255)
+        self._staged_epoch[key] = self.epoch if epoch is None else epoch
 
     def put_staged(self, key):
-        """The camera's staged frame into its place in the vector (one copy)."""
+        """The camera's staged frame into its place in the vector (one copy): True; False,
+        nothing written, for a frame whose message was taken before forget_images (a restore
+        while it was decoding: the replaced episode's frame)."""
+        if self._staged_epoch.get(key) != self.epoch:
+            return False
         self._images[key].copy_(self._staged[key][1])
         self.has.add(key)
+        return True
 
     def put_image(self, key, pixels):
         """stage() then put_staged(), for one thread that does both."""
         self.stage(key, pixels)
-        self.put_staged(key)
+        return self.put_staged(key)
 
     def image(self, key):
         """The camera's image as the policy takes it, float32 [3, H, W] on the device."""
@@ -172,8 +183,10 @@ class CameraObservation:
 
     def forget_images(self):
         """Every camera's image is stale (a simulated world replaced with the policy's state):
-        missing() names them until new frames come; the vector is not touched."""
+        missing() names them until frames taken after this come; the vector is not
+        touched."""
         self.has -= set(self.cameras)
+        self.epoch += 1
 
     def missing(self):
         """The parts not written yet (sorted names); [] once the vector is whole."""

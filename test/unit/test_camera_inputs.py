@@ -267,3 +267,45 @@ def test_frames_staged_while_steps_run_enter_whole_between_them(tmp_path, device
         done.set()
         thread.join(30)
     assert staged[0] > 3 * engines[0].policy.steps       # frames came during the steps
+
+
+def test_a_frame_taken_before_a_restore_and_decoded_across_it_is_left_out(monkeypatch):
+    """Lock-step: a restore forgets the frames (the world's episode was replaced), and a
+    joint state waits for new ones. A frame whose message the camera thread took before the
+    restore, decoded while it ran, lands after it: it is the replaced episode's, and is left
+    out (the camera still missing, the vector as it was); the next frame enters."""
+    import types
+
+    from flashrt_ros.node import camera_readings
+    from flashrt_ros.node.camera_readings import CameraReadings
+    from flashrt_ros.node.robot_io import SessionIO
+    logged = []
+    setup = types.SimpleNamespace(cameras=CAMERAS, tokens=0, tokenize=None, state_dim=2,
+                                  compressed=set())
+    cfg = types.SimpleNamespace(joint_names=['a', 'b'], instruction='', camera_sync='newest',
+                                joint_offset=[], joint_scale=[], max_input_age=0.1)
+    readings = CameraReadings(setup, cfg, 'cpu', None, types.SimpleNamespace(info=logged.append))
+    s = SessionIO(0, 'robot', '~/', '', '')
+    rng, key = np.random.default_rng(9), 'observation.images.wrist'
+
+    def message(pixels):
+        h, w, _ = pixels.shape
+        return types.SimpleNamespace(encoding='rgb8', height=h, width=w, step=3 * w,
+                                     data=pixels.tobytes())
+    first, old, new = (_frame(rng, 32, 32) for _ in range(3))
+    assert readings.on_image(s, key, readings.stage(key, message(first)), (1, 0))
+    before = readings.observation.vector.clone()
+    decode = camera_readings.raw_pixels
+
+    def restored_while_decoding(*args):
+        s.forget_readings(readings.observation)     # the control thread's restore, meanwhile
+        return decode(*args)
+    monkeypatch.setattr(camera_readings, 'raw_pixels', restored_while_decoding)
+    assert not readings.on_image(s, key, readings.stage(key, message(old)), (2, 0))
+    assert key in readings.observation.missing() and 'camera:' + key not in s.inputs
+    assert torch.equal(readings.observation.vector, before)
+    assert len(logged) == 1 and 'before the state was replaced' in logged[0]
+    monkeypatch.setattr(camera_readings, 'raw_pixels', decode)
+    assert readings.on_image(s, key, readings.stage(key, message(new)), (3, 0))
+    assert key not in readings.observation.missing() and s.inputs['camera:' + key][1] == (3, 0)
+    assert torch.equal(readings.observation.image(key), torch.from_numpy(as_floats(new)))
