@@ -83,7 +83,9 @@ class NodeConfig:
                              'running (as one on ~/instruction, std_msgs/String, is; empty too); '
                              'empty at configure: steps wait for one', live=True)
     action_joint_names: list[str] = param([], 'joint_state: publish ~/action as a JointState '
-                                          'with these names (empty: Float32MultiArray)')
+                                          'with these names (empty: Float32MultiArray); '
+                                          'LeRobot kinds: the joints of ~/action_chunk and, '
+                                          'on cameras, of the command outputs')
     observation_terms: list[str] = param([], 'terms: ordered term names; each term is set '
                                          'under observation.<name>.{type,scale,offset,clip,'
                                          'joints,period,dt,decimation,size,history_length}; '

@@ -145,7 +145,8 @@ class PolicyNode(LifecycleNode):
                         destroy_publisher=self.destroy_lifecycle_publisher,
                         create_subscription=self.create_subscription,
                         destroy_subscription=self.destroy_subscription,
-                        on_lost=self.report.readings_lost)
+                        on_lost=self.report.readings_lost,
+                        chunks=getattr(engine.policy, 'gives_chunks', False))
         log = self.get_logger()
         guards = []     # filled below: each guard tells the loop when it replaced a state
         loop = ControlLoop(engine, settings, robot, guards, self.report, log)

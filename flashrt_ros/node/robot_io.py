@@ -26,7 +26,6 @@ from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.messages import action_message, chunk_message, command_message
 from flashrt_ros.msg import SafetyEvent
-from flashrt_ros.runtime.policies import LEROBOT_KINDS
 
 COMMAND_TOPICS = {'float64_array': (Float64MultiArray, 'joint_commands'),
                   'joint_trajectory': (JointTrajectory, 'joint_trajectory')}
@@ -108,11 +107,12 @@ class RobotIO:
 
     create_publisher / destroy_publisher: the lifecycle node's; create_subscription /
     destroy_subscription: the node's; now() -> builtin_interfaces/Time; on_lost(topic, count):
-    readings lost before the node saw them.
+    readings lost before the node saw them; chunks: whether the policy's chunks hold the
+    actions it sends (a LeRobot chunk policy's; not ACT's temporal ensembling).
     """
 
     def __init__(self, settings, session_names, *, create_publisher, destroy_publisher,
-                 create_subscription, destroy_subscription, now, on_lost):
+                 create_subscription, destroy_subscription, now, on_lost, chunks=False):
         cfg = settings.node
         self.settings, self.now = settings, now
         self.qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=cfg.qos_depth,
@@ -148,7 +148,7 @@ class RobotIO:
                 s.command_pubs.append(publisher(msg_type, s.prefix + topic, command_qos))
             if cfg.safety and settings.terms:
                 s.safety_pub = publisher(SafetyEvent, s.prefix + 'safety_event', command_qos)
-            if cfg.policy_type in LEROBOT_KINDS and cfg.action_joint_names:
+            if chunks and cfg.action_joint_names:
                 s.chunk_pub = publisher(JointTrajectory, s.prefix + 'action_chunk',
                                         command_qos)
         # a farm that assembles its observations: [sessions, obs_dim] in, one tick out

@@ -75,9 +75,8 @@ def build_engine(settings, clock=time.time):
     policy = build_policy(settings.policy, device='cpu',
                           term_history=layout.term_history() if layout else None)
     policy.set_kernels(cfg.kernels)
-    _need(not cfg.action_joint_names or getattr(policy, 'coeff', None) is None,
-          'action_joint_names', cfg.action_joint_names, 'this ACT checkpoint ensembles '
-          '(temporal_ensemble_coeff): one action a step, no chunk for ~/action_chunk')
+    if cfg.policy_type in LEROBOT_KINDS:
+        _chunk_period(cfg, policy, settings.cameras)
     return PolicyEngine(policy, device=settings.device, cuda_graph=cfg.cuda_graph,
                         sessions=cfg.sessions, session_names=settings.session_names or None,
                         batch_sessions=cfg.batch_sessions, rollback_depth=cfg.rollback_depth,
@@ -217,6 +216,20 @@ def _chunk_output(cfg, policy):
     joints = cfg.action_joint_names
     _need(len(joints) in (0, policy.act_dim), 'action_joint_names', joints,
           'must be empty or hold act_dim names')
+
+
+def _chunk_period(cfg, policy, cameras):
+    """With the policy loaded (build_engine): ~/action_chunk's timing, or, for ACT's temporal
+    ensembling (no chunk holds the actions sent: no ~/action_chunk), what the names still do:
+    on cameras, the commands and their units; else nothing, so they are refused."""
+    joints = cfg.action_joint_names
+    if not getattr(policy, 'gives_chunks', True):
+        why = ('this ACT checkpoint ensembles (temporal_ensemble_coeff): one action a step, '
+               'no chunk for ~/action_chunk')
+        _need(not joints or cameras, 'action_joint_names', joints,
+              why + ', and without cameras nothing else takes the names')
+        _need(not cfg.chunk_period, 'chunk_period', cfg.chunk_period, why)
+        return
     _need(not joints or cfg.chunk_period > 0 or cfg.control_mode == 'timer' and
           cfg.observation_type in ('terms', 'cameras'), 'chunk_period', cfg.chunk_period,
           "the seconds between ~/action_chunk's points, the policy's control period: 0 "

@@ -24,8 +24,9 @@ def folder(tmp_path_factory):
 
 
 def _params(folder, **more):
-    return dict(policy_type='smolvla', policy_file=folder, obs_dim=OBS_DIM, act_dim=ACT_DIM,
-                seed=3, **more)
+    """A SmolVLA checkpoint's parameters, `more` added or overriding (policy_type too)."""
+    return dict(dict(policy_type='smolvla', policy_file=folder, obs_dim=OBS_DIM,
+                     act_dim=ACT_DIM, seed=3), **more)
 
 
 def test_node_steps_the_checkpoint_and_restores_mid_chunk(make, folder):
@@ -889,11 +890,13 @@ def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     assert actions == h.reference(obs)
     wait_for(lambda: len(chunks) == 2, what='two chunks')
     assert [list(p.positions) for p in chunks[0].points] == actions[:STEPS]
-    # an ensembling checkpoint computes no chunk to send: refused, not a silent topic
+    # an ensembling checkpoint computes no chunk to send: without cameras nothing else takes
+    # action_joint_names, so they are refused, not a silent topic (on cameras they give the
+    # commands: test_an_ensembling_act_on_cameras_sends_commands_and_no_chunk)
     ensembles = act_checkpoint(tmp_path_factory.mktemp('act_te'), temporal_ensemble_coeff=0.01,
                                n_action_steps=1)
     bad = make(dict(policy_type='act', policy_file=ensembles, obs_dim=dim, act_dim=ACT_DIM,
-                    action_joint_names=names, chunk_period=0.05), start=False)
+                    action_joint_names=names), start=False)
     assert not bad.client.change_state('configure') and bad.node.parts is None
     # on cameras, an instruction set while running reaches no policy (ACT takes none):
     # refused as configure refuses it, not reported as set
@@ -905,6 +908,55 @@ def test_an_act_checkpoint_on_the_node(make, tmp_path_factory):
     result = cams.node.set_parameters([Parameter('instruction', value='pick')])[0]
     assert not result.successful and 'act node' in result.reason, result.reason
     assert cams.node.get_parameter('instruction').value == ''
+
+
+def test_an_ensembling_act_on_cameras_sends_commands_and_no_chunk(make, tmp_path_factory):
+    """ACT with temporal ensembling on cameras (ALOHA's setting: a chunk every step, each
+    action an average): action_joint_names give ~/action and ~/joint_commands in ROS units
+    (joint_scale), the engine's ensembled actions; no ~/action_chunk exists (no one chunk
+    holds the actions sent), and chunk_period, which would space its points, is refused."""
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray, Header
+    import torch
+
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    from support.common import wait_for
+    from support.smolvla import CAMERAS, STATE_DIM
+    folder = act_checkpoint(tmp_path_factory.mktemp('act_te'), temporal_ensemble_coeff=0.01,
+                            n_action_steps=1)
+    dim = STATE_DIM + sum(c * h * w for c, h, w in CAMERAS.values())
+    joints, scale = [f'j{i}' for i in range(STATE_DIM)], [2.0] * STATE_DIM
+    topics = {k: f'/te{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    act = dict(policy_type='act', obs_dim=dim, joint_names=joints, joint_scale=scale,
+               action_joint_names=joints[:ACT_DIM])
+    h, robot, cams, js, _ = _camera_node(make, folder, topics, **act)
+    commands = []
+    sub = h.client_node.create_subscription(Float64MultiArray, f'/{h.name}/joint_commands',
+                                            commands.append, 10)
+    wait_for(lambda: sub.get_publisher_count() > 0, what='~/joint_commands')
+    assert h.client_node.count_publishers(f'/{h.name}/action_chunk') == 0
+    try:
+        readings, rng, frames = h.node.parts.loop.cameras[0], np.random.default_rng(5), []
+        for t in range(4):      # past the first chunk: the averages in play
+            floats = _send_frames(rng, cams, readings, t)
+            position = rng.uniform(-1, 1, STATE_DIM)
+            js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
+                                  position=[float(v) for v in position]))
+            h.client.wait_actions(t + 1)
+            state = torch.from_numpy((position * scale).astype(np.float32))
+            frames.append(np.concatenate([state.numpy(), *[floats[k].numpy().ravel()
+                                                           for k in CAMERAS]]))
+        want = np.array(h.reference(frames, dict(action_joint_names=[])), np.float64) / 2.0
+        assert np.array_equal(np.array(h.client.wait_actions(4)), want.astype(np.float32))
+        wait_for(lambda: len(commands) == 4, what='the commands')
+        assert np.array_equal([list(c.data) for c in commands], want)
+    finally:
+        robot.destroy_node()
+    bad = make(_params(folder, observation_type='cameras', camera_topics=[
+        f'{k}={t}' for k, t in topics.items()], chunk_period=0.05, **act), start=False)
+    assert not bad.client.change_state('configure') and bad.node.parts is None
 
 
 def test_a_diffusion_checkpoint_on_the_node(make, tmp_path_factory):

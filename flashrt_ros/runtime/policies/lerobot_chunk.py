@@ -66,6 +66,7 @@ class LeRobotChunkPolicy(Policy):
     capturable = False      # the engine runs step() eagerly and calls capture()
     tokens = 0              # the instruction's token count (a language policy)
     chunk_inputs = 1        # observation vectors a chunk's computation reads (its history)
+    gives_chunks = True     # fresh_chunk / chunk_left hold the actions sent (~/action_chunk)
     computation = ()        # config fields that change the actions for the same weights
     checkpoint_options = ()     # keyword options beyond the checkpoint (from_pretrained's)
 
@@ -301,6 +302,7 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
             raise InvalidConfig('act: use_amp with temporal ensembling is not supported yet')
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.coeff = cfg.temporal_ensemble_coeff
+        self.gives_chunks = self.coeff is None  # an ensembled action is no one chunk's
         if self.coeff is not None:
             # ACTTemporalEnsembler's weights, computed as it computes them (on the CPU)
             weights = torch.exp(-self.coeff * torch.arange(self.chunk))
