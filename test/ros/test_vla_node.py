@@ -914,7 +914,9 @@ def test_an_ensembling_act_on_cameras_sends_commands_and_no_chunk(make, tmp_path
     """ACT with temporal ensembling on cameras (ALOHA's setting: a chunk every step, each
     action an average): action_joint_names give ~/action and ~/joint_commands in ROS units
     (joint_scale), the engine's ensembled actions; no ~/action_chunk exists (no one chunk
-    holds the actions sent), and chunk_period, which would space its points, is refused."""
+    holds the actions sent), and chunk_period, which would space its points, is refused.
+    Lock-step: after a restore, a world re-sending the readings the restored state answered
+    last gets that step's command again (the state keeps the action it sent), no step."""
     import numpy as np
     from builtin_interfaces.msg import Time
     from sensor_msgs.msg import JointState
@@ -945,6 +947,9 @@ def test_an_ensembling_act_on_cameras_sends_commands_and_no_chunk(make, tmp_path
             js.publish(JointState(name=joints, header=Header(stamp=Time(sec=t + 1)),
                                   position=[float(v) for v in position]))
             h.client.wait_actions(t + 1)
+            if t == 2:
+                assert h.call('snapshot', name='third').success
+                third = position
             state = torch.from_numpy((position * scale).astype(np.float32))
             frames.append(np.concatenate([state.numpy(), *[floats[k].numpy().ravel()
                                                            for k in CAMERAS]]))
@@ -952,6 +957,12 @@ def test_an_ensembling_act_on_cameras_sends_commands_and_no_chunk(make, tmp_path
         assert np.array_equal(np.array(h.client.wait_actions(4)), want.astype(np.float32))
         wait_for(lambda: len(commands) == 4, what='the commands')
         assert np.array_equal([list(c.data) for c in commands], want)
+        assert h.call('restore', name='third').success
+        js.publish(JointState(name=joints, header=Header(stamp=Time(sec=3)),
+                              position=[float(v) for v in third]))
+        wait_for(lambda: len(commands) == 5, what='the command again')
+        assert list(commands[-1].data) == list(want[2])
+        assert h.client.actions_received() == 5     # ~/action again, no step
     finally:
         robot.destroy_node()
     bad = make(_params(folder, observation_type='cameras', camera_topics=[

@@ -136,7 +136,8 @@ class LeRobotChunkPolicy(Policy):
 
     def state_specs(self):
         return [BufferSpec('queue', (self.steps, self.act_dim), torch.float32, 'chunk'),
-                BufferSpec('left', (1,), torch.int64, 'chunk')]
+                BufferSpec('left', (1,), torch.int64, 'chunk'),
+                BufferSpec('sent', (self.act_dim,), torch.float32, 'chunk')]
 
     @torch.no_grad()
     def reset_state(self):
@@ -288,7 +289,8 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
     temporal_ensemble_coeff, LeRobot's ACTTemporalEnsembler instead: a chunk every step, each
     step's action the weighted average of what every chunk so far predicted for it; the
     running averages ([chunk_size - 1, act_dim], normalised, as LeRobot keeps them) and their
-    counts are the state, and 'left' says whether the episode has begun.'''
+    counts are the state, 'left' says whether the episode has begun and 'sent' holds the
+    action the latest step sent (a restored state's, to send again).'''
 
     kind = 'act'
     computation = ('chunk_size', 'vision_backbone', 'replace_final_stride_with_dilation',
@@ -315,7 +317,8 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
             return super().state_specs()
         return [BufferSpec('ensemble', (self.chunk - 1, self.act_dim), torch.float32, 'chunk'),
                 BufferSpec('ensemble_count', (self.chunk - 1,), torch.int64, 'chunk'),
-                BufferSpec('left', (1,), torch.int64, 'chunk')]
+                BufferSpec('left', (1,), torch.int64, 'chunk'),
+                BufferSpec('sent', (self.act_dim,), torch.float32, 'chunk')]
 
     def _chunk(self, batch):
         chunk = self.lerobot.predict_action_chunk(batch)[0]
@@ -343,6 +346,7 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
             count[:-1].copy_(torch.clamp(n + 1, max=self.chunk)[1:, 0])
             count[-1:].fill_(1)
         action.copy_(self._normalised('action', first.view(1, -1), True)[0])
+        v['sent'].copy_(action)
 
     def fresh_chunk(self, views):
         '''None with temporal ensembling (each step's action is an average, not one chunk's),
@@ -350,4 +354,7 @@ class ACTChunkPolicy(LeRobotChunkPolicy):
         return None if self.coeff is not None else super().fresh_chunk(views)
 
     def chunk_left(self, views):
-        return None if self.coeff is not None else super().chunk_left(views)
+        '''Ensembling: the latest step's action ([1, act_dim]; None before the first).'''
+        if self.coeff is None:
+            return super().chunk_left(views)
+        return copied(views['sent'].view(1, -1)) if int(views['left']) else None
