@@ -94,21 +94,26 @@ class CameraReadings:
         rollback), as those before are the old episode's world; with camera_sync stamp, until
         each camera's newest frame carries the joint state's stamp (a world that renders every
         step: a frame still decoding is waited for, not replaced by the one before). Logged
-        once per joint state, so that a camera that never sends is seen (the world waits)."""
+        once per joint state, so that a camera that never sends is seen (the world waits).
+        Until the instruction has come (a checkpoint that takes one) it waits too: refused, its
+        stamp would count as answered and the world would wait for an answer without end."""
         stamp = s.inputs['joint_state'][1]
         cameras = [k for k in self.observation.missing() if k in self.setup.cameras]
         late = [k for k in self.setup.cameras if self.sync_stamps and k not in cameras and
                 s.inputs.get('camera:' + k, (None, None))[1] != stamp]
-        if (cameras or late) and self._held != tag:
+        told = self.setup.tokens == 0 or self.text is not None
+        if (cameras or late or not told) and self._held != tag:
             self._held = tag
             what = [f'a first frame from {cameras} since the state was replaced'] if cameras \
                 else []
+            if not told:
+                what.append('the instruction (the instruction parameter or ~/instruction)')
             if late:
                 newest = ', '.join(_stamp(s.inputs['camera:' + k][1]) for k in late)
                 what.append(f'the frame stamped {_stamp(stamp)} from {late} (camera_sync: '
                             f'stamp; their newest: {newest})')
             self.log.info(f'{s.label}lock-step: the joint state waits for ' + ' and '.join(what))
-        return bool(cameras or late)
+        return bool(cameras or late or not told)
 
     def ready(self, s, tag):
         """Lock-step: whether session s's joint state of step tag steps now: not held for
@@ -139,13 +144,15 @@ class CameraReadings:
                 f'(max_input_age) after the frames of {", ".join(old)}')
 
     def on_instruction(self, s, text):
-        """A new instruction (~/instruction, or the parameter set while running)."""
+        """A new instruction (~/instruction, or the parameter set while running): True; or
+        refused (reported): False."""
         try:
             self.instruction(text)
         except InvalidObservation as exc:
             self.report.refuse(f'{s.label}{exc}', key='instruction')
-            return
+            return False
         self.log.info(f'{s.label}instruction: {text!r}')
+        return True
 
     def instruction(self, text):
         tokenize = self.setup.tokenize

@@ -11,12 +11,10 @@ How a tick is triggered depends on the observation type and control mode:
   each has sent one since the state was replaced); a session that stops is left behind;
 - terms, cameras, timer (robot): control_rate ticks over the newest readings; stale or missing
   ones refuse that session's step.
-A cameras observation is assembled on the engine's device (camera_readings.py) and stepped
-there as it is: each session's in its row of one device tensor.
 
-Everything here runs on the control thread (executors.ControlThread), under the node's lock
-that capsule services and transitions also take: a capsule operation never interleaves with
-a tick, and a tick never waits behind a queue of service calls.
+Ticks run under the node's lock, which capsule services and transitions also take: a capsule
+operation never interleaves with a tick. They run on the control thread (ControlThread), never
+behind service calls; one that a frame or an instruction completes (lock-step), on its thread.
 """
 import time
 
@@ -233,8 +231,7 @@ class ControlLoop:
                     command=get('command', (None,))[0], raw=raw)
             except InvalidObservation as exc:
                 self.report.refuse(s.label + str(exc))
-        if rows:
-            self.tick(rows, tags)
+        return self.tick(rows, tags) if rows else {}
 
     def timer_tick(self):
         """Robot: a step at control_rate over the newest readings; stale or missing ones refuse
@@ -268,7 +265,7 @@ class ControlLoop:
             return
         tag = input_tag(joint[1])
         if tag == s.stepped_tag:
-            if not key.startswith('camera:'):   # (a new frame is no re-sent reading)
+            if key in ('joint_state', 'imu'):   # (a frame, an instruction: no re-sent reading)
                 self._answered_stamp(s, key, joint[1])
             return
         imu = s.inputs.get('imu', (None, None))
@@ -310,7 +307,10 @@ class ControlLoop:
         for s in ready:
             s.stepped_tag, s.pending, s.resend, s.unsent = s.pending, 0, False, None
             s.answered = {k: s.inputs[k][0] for k in ('joint_state', 'imu') if k in s.inputs}
-        self._tick_readings(ready, tags)
+        published = self._tick_readings(ready, tags)
+        for s in ready:     # not stepped (refused, held): the state's own tag is the answered
+            if s.index not in published:    # one, so a re-send of these readings steps
+                s.stepped_tag, s.answered = self.engine.input_tag(session=s.index), {}
 
     def lockstep_deadline(self):
         """A world that stopped publishing must not stall the others: after lockstep_wait the

@@ -288,7 +288,9 @@ class PolicyNode(LifecycleNode):
 
     def _instruction_changed(self, text):   # every session's, as on its ~/instruction
         for s, readings in zip(self.parts.loop.sessions, self.parts.loop.cameras or ()):
-            readings.on_instruction(s, text)    # '' too: the parameter says what runs
+            # '' too (the parameter says what runs); a held lock-step may go on
+            if readings.on_instruction(s, text) and self.state == 'active':
+                self.parts.loop.on_reading(s, 'instruction')
 
     def _checkpoint_settings_changed(self, _):
         for guard in self.parts.guards:

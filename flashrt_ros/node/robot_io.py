@@ -219,7 +219,8 @@ class RobotIO:
                 lambda msg, key=key, put=put: put(readings.stage(key, msg), stamp_of(msg)),
                 newest, callback_group=camera_group))
         self._subscribe(String, s.prefix + 'instruction', group, guarded,
-                        lambda msg: readings.on_instruction(s, msg.data))
+                        lambda msg: readings.on_instruction(s, msg.data) and
+                        loop.on_reading(s, 'instruction'))  # a held lock-step may go on
 
     def _subscribe(self, msg_type, topic, group, guarded, callback):
         def seen(msg, info):

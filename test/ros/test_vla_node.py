@@ -291,6 +291,54 @@ def test_lockstep_after_a_restore_waits_for_new_frames(make, folder):
         robot.destroy_node()
 
 
+def test_lockstep_a_step_that_could_not_run_answers_no_stamp(make, folder):
+    """Lock-step: a joint state that comes before the instruction waits for it (held, not
+    refused) and steps when it comes; a joint state refused (a joint missing) answers nothing,
+    so the world's corrected reading of that stamp steps. Before, both used up their stamp:
+    the world, waiting for an answer to it, stalled."""
+    import time
+
+    import numpy as np
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Header, String
+    import torch
+
+    from support.common import wait_for
+    from support.smolvla import CAMERAS, STATE_DIM, TASKS
+    joints = [f'j{i}' for i in range(STATE_DIM)]
+    topics = {k: f'/untold{i}_{k.split(".")[-1]}' for i, k in enumerate(CAMERAS)}
+    h, robot, cams, js, say = _camera_node(make, folder, topics, joint_names=joints)
+    try:
+        readings, report = h.node.parts.loop.cameras[0], h.node.report
+        session, rng, frames = h.node.parts.robot.sessions[0], np.random.default_rng(3), []
+
+        def observe(t, names=joints):
+            floats = _send_frames(rng, cams, readings, t)
+            state = rng.standard_normal(STATE_DIM).astype(np.float32)
+            js.publish(JointState(name=names, header=Header(stamp=Time(sec=t + 1)),
+                                  position=[float(v) for v in state[:len(names)]]))
+            return {'observation.state': torch.from_numpy(state), **floats, 'task': TASKS[0]}
+        frames.append(observe(0))
+        wait_for(lambda: session.inputs.get('joint_state', (0, None))[1] == (1, 0),
+                 what='the joint state')
+        time.sleep(0.5)
+        assert h.client.actions_received() == 0 and report.rejected == 0    # it waits
+        say.publish(String(data=TASKS[0]))
+        h.client.wait_actions(1)
+        frames.append(observe(1, joints[:-1]))          # refused: a joint missing
+        wait_for(lambda: report.rejected == 1, what='the refusal')
+        assert 'j5' in report.last_refusal, report.last_refusal
+        state = rng.standard_normal(STATE_DIM).astype(np.float32)     # the corrected one
+        frames[-1]['observation.state'] = torch.from_numpy(state)
+        js.publish(JointState(name=joints, header=Header(stamp=Time(sec=2)),
+                              position=[float(v) for v in state]))
+        got = h.client.wait_actions(2)
+        assert report.rejected == 1 and got == h.reference(vectors(folder, frames))
+    finally:
+        robot.destroy_node()
+
+
 def test_lockstep_a_world_resending_after_a_restore_gets_its_command_and_chunk(make, folder):
     """Lock-step, a chunk policy with command outputs: after a restore, a world that re-sends
     the readings the restored state answered last (it never got their command) gets that
