@@ -24,6 +24,7 @@ import torch
 
 from flashrt_ros.node.camera_readings import CameraReadings
 from flashrt_ros.runtime.errors import FlashRTError, InvalidObservation
+from flashrt_ros.runtime.inputs import checked_row
 
 
 def input_tag(stamp):
@@ -88,14 +89,11 @@ class ControlLoop:
                                    'session)', level='error')
             elif torch.is_tensor(row):  # a row of _device_obs (cameras): checked there
                 obs, active[i] = self._device_obs, True
-            elif row.shape != (self.dim,):
-                problem = f'observation has shape {row.shape}, expected ({self.dim},) ' \
-                          f'(obs_dim {self.dim})'
-            elif not np.isfinite(row).all():
-                problem = 'observation holds NaN or Inf (first at index ' \
-                          f'{np.argwhere(~np.isfinite(row))[0].tolist()})'
-            else:
-                obs[i], active[i] = row, True
+            else:   # checked alone: a bad row never enters obs, where it would refuse ticks
+                try:
+                    obs[i], active[i] = checked_row(row, self.dim, self.engine.policy), True
+                except InvalidObservation as exc:
+                    problem = str(exc)
             if problem:
                 self.report.refuse(s.label + problem, key='observation')
         if not active.any():

@@ -30,6 +30,15 @@ def as_observations(obs, obs_dim, rows=None, finite=True):
     return check_finite(a) if finite else a
 
 
+def checked_row(obs, obs_dim, policy):
+    """One session's observation [obs_dim] as as_observations takes it, and as the policy
+    takes it (check_observation: a language policy's token ids), or InvalidObservation: a
+    fleet's node refuses that row alone, not the tick of every session."""
+    a = as_observations(obs, obs_dim)
+    getattr(policy, 'check_observation', id)(a)
+    return a
+
+
 def check_finite(a):
     """a (an ndarray), or InvalidObservation naming its first NaN / Inf."""
     if not np.isfinite(a).all():

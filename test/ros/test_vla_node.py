@@ -339,6 +339,40 @@ def test_lockstep_a_step_that_could_not_run_answers_no_stamp(make, folder):
         robot.destroy_node()
 
 
+def test_one_robots_bad_token_ids_refuse_its_own_step_only(make, folder):
+    """A fleet of two on ~/<name>/observation: one robot's observation with a token id the
+    model cannot embed is refused alone, naming that robot; the other robot's steps go on, its
+    actions a one-robot engine's. Before, the row was kept among the fleet's observations and
+    refused every later tick, the other robot's too."""
+    import numpy as np
+
+    from flashrt_ros.client import PolicyClient
+    from support.common import wait_for
+    from support.smolvla import TOKENS
+    names = ['left', 'right']
+    h = make(_params(folder, sessions=2, session_names=names), start=False)
+    h.transition('configure')
+    h.transition('activate')
+    clients = {n: PolicyClient(h.client_node, '/' + h.name, session=n, timeout=10.0)
+               for n in names}
+    wait_for(lambda: all(s.action_pub.get_subscription_count() and
+                         c._obs_pub.get_subscription_count()
+                         for s, c in zip(h.node.parts.robot.sessions, clients.values())),
+             what='both robots matched')
+    obs = vectors(folder, frames(3, seed=2))
+    got = [clients['left'].step(obs[0])]
+    bad = np.array(obs[1], dtype=np.float32)
+    bad[-TOKENS - 1] = 0.5                  # a token id that is not an integer
+    clients['right'].publish_only(bad)
+    wait_for(lambda: h.node.report.rejected == 1, what='the refusal')
+    assert h.node.report.last_refusal.startswith('session right: '), \
+        h.node.report.last_refusal
+    got += [clients['left'].step(o) for o in obs[1:]]
+    assert h.node.report.rejected == 1
+    assert [list(a) for a in got] == h.reference(obs, params=dict(sessions=1,
+                                                                  session_names=[]))
+
+
 def test_lockstep_a_world_resending_after_a_restore_gets_its_command_and_chunk(make, folder):
     """Lock-step, a chunk policy with command outputs: after a restore, a world that re-sends
     the readings the restored state answered last (it never got their command) gets that
