@@ -132,6 +132,29 @@ def test_a_capsule_taken_in_flight_lands_the_same_chunk(folder, tmp_path, device
     assert torch.equal(fresh, want.cpu())
 
 
+def test_a_kv_restore_while_a_kept_prefix_chunk_flies_lands_as_a_fresh_engine_would(
+        folder, tmp_path):
+    """A chunk in flight on the kept prefix, and a restore of kinds [kv] (another scene's
+    prefix) before it lands: the landing leaves the state a fresh engine's landing leaves
+    (the flight's prefix computed again), bit for bit, not the restored one under the
+    flight's chunk; the actions are the same either way. (Found by a fuzzer.)"""
+    engine = _engine(folder, tmp_path)
+    scene, other = vectors(folder, frames(2, seed=1))
+    engine.step(other)
+    engine.snapshot('other')            # its kv: the other scene's prefix
+    engine.reset_episode()
+    for _ in range(CHUNK - 3 + 1):      # the first chunk, then a launch on the kept prefix
+        engine.step(scene)
+    assert engine.policy._flight is True and engine.policy.views['left'].tolist()[1] == 1
+    engine.restore('other', kinds=['kv'])
+    engine.snapshot('flight')
+    live = torch.stack([engine.step(scene) for _ in range(2)])
+    fresh = _engine(folder, tmp_path)       # another engine: no flight in its graphs
+    fresh.restore(fresh.load(engine.save('flight').path).manifest.name)
+    assert torch.equal(torch.stack([fresh.step(scene) for _ in range(2)]), live)
+    assert torch.equal(engine.arena.blocks[0], fresh.arena.blocks[0])
+
+
 def test_settings_that_cannot_work_are_refused(folder, tmp_path):
     """The old queue must last the delay, a landed chunk must hold more than the threshold;
     a checkpoint that enables RTC itself is refused (the node sets it); a capsule of other RTC

@@ -243,7 +243,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         if self._flight is not None and self._owner == me:     # still in the graphs
             ran = (self._flight, self._chunk_obs, self._chunk_rng, self._leftover,
                    self._guided_out[self._flight])
-        if ran is None or not self._ran_on(*ran[1:4]):
+        if ran is None or not self._ran_on(*ran[:4]):
             self._launch(v['flight_obs'], v['flight_rng'])
             self._wait()
             ran = (self._flight, None, None, None, self._guided_out[self._flight])
@@ -253,11 +253,17 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         self._store(out, None if kept else v['flight_obs'])
         self.prefix_reused += kept
 
-    def _ran_on(self, obs, rng, leftover):
-        '''Whether a chunk ran on the session's in-flight inputs, bit for bit.'''
+    def _ran_on(self, kept, obs, rng, leftover):
+        '''Whether a chunk ran on the session's in-flight inputs, bit for bit; one that kept
+        the prefix, also whether the state's prefix is still the flight's (a restore of kinds
+        [kv] meanwhile replaced it: computed again, the state ends as a fresh engine's would).'''
         v, bits = self.views, (lambda t: t.view(torch.int32))
-        return bool((bits(obs) == bits(v['flight_obs'])).all() & (rng == v['flight_rng']).all()
-                    & (bits(leftover) == bits(v['original'][self.chunk - self.threshold:])).all())
+        same = (bits(obs) == bits(v['flight_obs'])).all() & (rng == v['flight_rng']).all() \
+            & (bits(leftover) == bits(v['original'][self.chunk - self.threshold:])).all()
+        if kept:
+            same &= (bits(v['prefix_obs']) == bits(v['flight_obs'])).all() \
+                & (v['prefix_ready'] == 1).all()
+        return bool(same)
 
     def _store(self, out, prefix_obs):
         '''A chunk's outputs into the session's state; prefix_obs: the observation whose
