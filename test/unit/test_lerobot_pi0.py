@@ -371,6 +371,39 @@ def test_pi05_tokens_belong_to_one_observation(folder):
     assert not np.array_equal(ids, tokenize('open the drawer', moved)[0])
 
 
+def test_the_prompt_holds_the_state_where_the_pre_processor_puts_it(tmp_path):
+    """Whether the prompt holds the state is the pre-processor's to say (Pi0.5's step), not
+    the checkpoint's type: a Pi0 folder whose policy_preprocessor.json writes the state into
+    the prompt gets each observation's state in its tokens, as LeRobot's pipeline loaded from
+    it gives them. Before, the type decided: the tokens left the state out, with no error.
+    (Found by an audit.)"""
+    import json
+
+    from lerobot.configs.policies import PreTrainedConfig
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from flashrt_ros.runtime.policies.lerobot_checkpoint import checkpoint_inputs
+    folder = checkpoint(tmp_path / 'pi0', kind='pi0')
+    path = tmp_path / 'pi0' / 'policy_preprocessor.json'
+    saved = json.loads(path.read_text())
+    names = [step.get('registry_name') for step in saved['steps']]
+    normalizer = saved['steps'].pop(names.index('normalizer_processor'))
+    at = [step.get('registry_name') for step in saved['steps']].index('tokenizer_processor')
+    # the state normalised first, then written into the prompt (Pi0.5's order)
+    saved['steps'][at:at] = [normalizer, {
+        'registry_name': 'pi05_prepare_state_tokenizer_processor_step',
+        'config': {'max_state_dim': 32, 'task_key': 'task'}}]
+    path.write_text(json.dumps(saved))
+    _, _, tokenize = checkpoint_inputs(folder)
+    assert tokenize.state_in_prompt
+    pre, _ = make_pre_post_processors(PreTrainedConfig.from_pretrained(folder), folder)
+    frame = raw_frames(1, seed=5)[0]
+    frame['observation.state'] = torch.linspace(-2, 2, ACT_DIM)
+    want = pre(dict(frame))['observation.language.tokens'].reshape(-1).numpy()
+    got = tokenize(frame['task'], frame['observation.state'].numpy())[0]
+    assert np.array_equal(got, want.astype(np.float32))
+
+
 @pytest.mark.parametrize('device', DEVICES)
 def test_real_time_chunking_equals_lerobots_loop_and_a_capsule_in_flight_replays(
         model, tmp_path, device):

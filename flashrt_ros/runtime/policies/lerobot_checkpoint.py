@@ -170,6 +170,7 @@ def checkpoint_inputs(folder):
     sums over more, masked, keys).'''
     from lerobot.configs.policies import PreTrainedConfig
     from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.policies.pi05.processor_pi05 import Pi05PrepareStateTokenizerProcessorStep
     from lerobot.processor import TokenizerProcessorStep
     checkpoint_type(folder)
     config = PreTrainedConfig.from_pretrained(folder)
@@ -183,7 +184,10 @@ def checkpoint_inputs(folder):
     blank = {STATE: torch.zeros(joints),
              **{k: torch.zeros(shape) for k, shape in cameras.items()}}
     tokens = int(getattr(config, 'tokenizer_max_length', 0) or 0)
-    state_in_prompt = config.type == 'pi05'
+    # the prompt holds the state where the pre-processor puts it there (Pi0.5's step), as
+    # LeRobot's pipeline does, whatever the checkpoint's type
+    state_in_prompt = any(isinstance(s, Pi05PrepareStateTokenizerProcessorStep)
+                          for s in pre.steps)
     padded_from = None
     if step is not None:
         if step.max_length != tokens:
