@@ -255,9 +255,14 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
     def _prefix_is(self, obs):
         '''Whether the session's kept prefix came from obs (its bits): one read of the
         device.'''
+        return bool(self._prefix_from(obs))
+
+    def _prefix_from(self, obs):
+        '''_prefix_is's verdict as a bool tensor on the device, not read (to be combined with
+        other checks in one read).'''
         v = self.views
         same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
-        return bool(same & (v['prefix_ready'] == 1).all())
+        return same & (v['prefix_ready'] == 1).all()
 
     def _use_kept_prefix(self):
         '''The session's kept prefix into the static buffers the denoising steps read.'''

@@ -261,8 +261,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         same = (bits(obs) == bits(v['flight_obs'])).all() & (rng == v['flight_rng']).all() \
             & (bits(leftover) == bits(v['original'][self.chunk - self.threshold:])).all()
         if kept:
-            same &= (bits(v['prefix_obs']) == bits(v['flight_obs'])).all() \
-                & (v['prefix_ready'] == 1).all()
+            same &= self._prefix_from(v['flight_obs'])
         return bool(same)
 
     def _store(self, out, prefix_obs):
