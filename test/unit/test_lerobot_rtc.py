@@ -132,6 +132,28 @@ def test_a_capsule_taken_in_flight_lands_the_same_chunk(folder, tmp_path, device
     assert torch.equal(fresh, want.cpu())
 
 
+@pytest.mark.cuda
+def test_a_launch_queued_behind_a_busy_side_stream_runs_on_its_own_inputs(folder, tmp_path):
+    """On CUDA a launch returns at once and its chunk may wait on the side stream behind
+    other sessions' flights (held busy here for ~0.1 s): the steps after it write the next
+    observations and the state meanwhile, and the flight still runs on the inputs of its
+    launch. Each chunk computed once (none again at its landing: its inputs were the
+    state's), the actions a one-robot engine's bit for bit."""
+    engine, alone = (_engine(folder, tmp_path / name, 'cuda') for name in ('e', 'a'))
+    policy, computed = engine.policy, []
+    for graph in policy._guided.values():
+        graph.replay = lambda run=graph.replay: computed.append(1) or run()
+    obs = vectors(folder, frames(20, seed=13))
+    for t, o in enumerate(obs):
+        left, landing, _ = policy.views['left'].tolist()
+        if left == 3 and landing < 0:       # this step launches (threshold 3)
+            with torch.cuda.stream(policy._side):
+                torch.cuda._sleep(int(2e8))
+        assert torch.equal(engine.step(o), alone.step(o)), t
+    launches = policy.views['rng'][1].item() - 1
+    assert len(computed) == launches >= 2, (computed, launches)
+
+
 def test_a_kv_restore_while_a_kept_prefix_chunk_flies_lands_as_a_fresh_engine_would(
         folder, tmp_path):
     """A chunk in flight on the kept prefix, and a restore of kinds [kv] (another scene's
@@ -145,7 +167,8 @@ def test_a_kv_restore_while_a_kept_prefix_chunk_flies_lands_as_a_fresh_engine_wo
     engine.reset_episode()
     for _ in range(CHUNK - 3 + 1):      # the first chunk, then a launch on the kept prefix
         engine.step(scene)
-    assert engine.policy._flight is True and engine.policy.views['left'].tolist()[1] == 1
+    flight = engine.policy._flights[engine.policy._session()]
+    assert flight.kept and engine.policy.views['left'].tolist()[1] == 1
     engine.restore('other', kinds=['kv'])
     engine.snapshot('flight')
     live = torch.stack([engine.step(scene) for _ in range(2)])

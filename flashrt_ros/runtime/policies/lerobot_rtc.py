@@ -14,7 +14,11 @@ are a function of the observations alone and replay exactly. Choose d of at leas
 latency in control periods (the README's figures, or a benchmark on the robot's computer).
 
 On CUDA the computation is a captured graph replayed on a side stream, so the steps in between
-return at once; on the CPU it runs at the launch. The actions are the same either way.
+return at once; on the CPU it runs at the launch. The actions are the same either way. A
+fleet's sessions share the graphs and the side stream: their flights queue there one behind
+another, each with its own copy of its inputs and outputs. A launch waits for none of them; a
+landing waits for its own flight, and so for those queued before it (a fleet's rtc_delay must
+cover them); an episode's first chunk, computed at once in the graphs, waits for them all.
 
 State, all in the arena (capsules, rollback and restarts hold it): the queue holds the whole
 chunk, unnormalised and as the model gave it ('original', whose rest guides the next chunk);
@@ -23,13 +27,16 @@ landed one]; the in-flight chunk's inputs are its observation and rng counter (f
 flight_rng; what is left of 'original' does not change until it lands). A capsule taken while a
 chunk is in flight holds those inputs, not the chunk: at landing the inputs the computation ran
 on are compared with the state's, bit for bit, and where they differ (the state was restored,
-rolled back or loaded since the launch, or another session launched) the chunk is computed
-again from the state's, synchronously. So a chunk lands at the same step with the same bits
-whatever happened in between.
+rolled back or loaded since the launch) the chunk is computed again from the state's,
+synchronously. So a chunk lands at the same step with the same bits whatever happened in
+between.
 
 The first chunk of an episode (nothing queued) is computed at once, unguided, and nothing of
 it is dropped: the robot has nothing to play meanwhile.
 '''
+
+import contextlib
+from typing import NamedTuple
 
 import torch
 
@@ -38,10 +45,20 @@ from ..errors import InvalidConfig
 from ..graph import StepGraph
 from ..state import BufferSpec
 from .lerobot_chunk import copied
-from .lerobot_prefix import KeptPrefixPolicy
+from .lerobot_prefix import KeptPrefixPolicy, PREFIX
 
 RTC_OPTIONS = ('rtc_delay', 'rtc_queue_threshold', 'rtc_execution_horizon', 'rtc_schedule',
                'rtc_max_guidance_weight')
+
+
+class Flight(NamedTuple):
+    '''A guided chunk launched for a session: whether it kept the prefix, the inputs it ran
+    on (observation, rng counter, what was left of the old chunk), its outputs, and the event
+    after them on the side stream (None on the CPU).'''
+    kept: bool
+    inputs: tuple
+    out: dict
+    done: object
 
 
 class RealTimeChunkPolicy(KeptPrefixPolicy):
@@ -138,9 +155,7 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
             True: StepGraph(lambda: self._guided_fn(True), dev, enabled, host_constants=True)}
         on_gpu = self._guided[False].captured
         self._side = torch.cuda.Stream(dev) if on_gpu else None
-        self._flight = None     # whether the last launch kept the prefix; None: no launch
-        self._owner = None      # the session it ran for (_session)
-        self._landed = {}       # session -> a chunk of its that ran, kept (_keep_for_owner)
+        self._flights = {}      # session (_session) -> its chunk launched and not landed
 
     def _chunk_outputs(self, actions):
         '''With real-time chunking also the whole chunk as the model gave it ('original': the
@@ -175,15 +190,14 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
             left, landing, landed = chunk - self.delay, -1, 1
         if landing < 0 and left <= self.threshold:
             if left == 0:       # nothing queued (an episode's start): at once, unguided
-                self._wait()
-                self._keep_for_owner()
-                self._flight = None
+                self._wait()        # the graphs are free of every flight
+                self._flights.pop(self._session(), None)
                 self._store(self._replay(obs), None)
                 left, landed = chunk, 1
             else:
                 v['flight_obs'].copy_(obs)
                 v['flight_rng'].copy_(v['rng'])
-                self._launch(obs, v['rng'])
+                self._flights[self._session()] = self._launch(obs, v['rng'])
                 v['rng'][1:2].add_(1)           # the next chunk's noise
                 landing = self.delay
                 if landing == 0:
@@ -193,65 +207,65 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         v['left'].copy_(torch.tensor([left - 1, landing - 1 if landing > 0 else landing,
                                       landed]))
 
-    def _wait(self):
-        '''The default stream waits for the side stream's work (the last launch).'''
-        if self._side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._side)
+    def _wait(self, flight=None):
+        '''The current stream waits for a flight's work on the side stream (None: all of it,
+        every session's).'''
+        if self._side is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if flight is None:
+            current.wait_stream(self._side)
+        else:
+            current.wait_event(flight.done)
 
     def _launch(self, obs, rng):
-        '''Start the guided chunk of obs and rng (the session's counter); on CUDA on the side
-        stream, returning at once. The prefix is kept where lerobot_prefix.py says.'''
-        self._wait()            # the graphs' inputs are free (the last launch has read them)
-        self._keep_for_owner()
-        v = self.views
+        '''The guided chunk of obs and rng (the session's counter), as a Flight. On CUDA it is
+        queued on the side stream behind the other sessions' flights (the graphs are shared,
+        so they run one after another) and the host does not wait: the flight's inputs are
+        copied here (the session's buffers may change before the side stream reads them) and
+        its outputs copied there, after its replay, for its landing alone to wait on. On the
+        CPU it runs here. The prefix is kept where lerobot_prefix.py says.'''
+        v, side = self.views, self._side
         kept = self._prefix_is(obs)
-        if kept:
-            self._use_kept_prefix()
-        self._chunk_obs.copy_(obs)
-        self._chunk_rng.copy_(rng)
-        self._leftover.copy_(v['original'][self.chunk - self.threshold:])
-        if self._side is None:
+        inputs = (obs.clone(), rng.clone(), v['original'][self.chunk - self.threshold:].clone())
+        prefix = [v[name].clone() for name in PREFIX] if kept else []
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            for t in (*inputs, *prefix):        # read there: not reused before it has
+                t.record_stream(side)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            for name, t in zip(PREFIX, prefix):
+                self._cache[name].copy_(t)
+            for graph_input, t in zip((self._chunk_obs, self._chunk_rng, self._leftover),
+                                      inputs):
+                graph_input.copy_(t)
             self._guided[kept].replay()
-        else:
-            self._side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._side):
-                self._guided[kept].replay()
-        self._flight, self._owner = kept, self._session()
+            out = {n: t.clone() for n, t in self._guided_out[kept].items()}
+            done = torch.cuda.Event() if side is not None else None
+            if done is not None:
+                done.record(side)
+        return Flight(kept, inputs, out, done)
 
     def _session(self):
         '''Which session the policy is bound to (its 'left' buffer's address).'''
         return self.views['left'].data_ptr()
 
-    def _keep_for_owner(self):
-        '''Before this session's chunk takes the graphs: another session's chunk that ran
-        there (finished: _wait) is kept, with the inputs it ran on, for that session's
-        landing. A fleet's flights overlap; without this each landing computed its chunk
-        again, synchronously, the wait that real-time chunking is there to hide.'''
-        if self._flight is not None and self._owner != self._session():
-            self._landed[self._owner] = (self._flight, *(t.clone() for t in (
-                self._chunk_obs, self._chunk_rng, self._leftover)),
-                {n: t.clone() for n, t in self._guided_out[self._flight].items()})
-            self._flight = None
-
     def _land(self):
-        '''Put the in-flight chunk into the queue: the one that ran for this session (in
-        the graphs, or kept while another session's ran) if it ran on the state's inputs
-        bit for bit, else computed again from them.'''
-        self._wait()
-        v, me = self.views, self._session()
-        ran = self._landed.pop(me, None)        # (kept, obs, rng, leftover, outputs)
-        if self._flight is not None and self._owner == me:     # still in the graphs
-            ran = (self._flight, self._chunk_obs, self._chunk_rng, self._leftover,
-                   self._guided_out[self._flight])
-        if ran is None or not self._ran_on(*ran[:4]):
-            self._launch(v['flight_obs'], v['flight_rng'])
-            self._wait()
-            ran = (self._flight, None, None, None, self._guided_out[self._flight])
-        kept, *_, out = ran
-        if self._owner == me:
-            self._flight = None
-        self._store(out, None if kept else v['flight_obs'])
-        self.prefix_reused += kept
+        '''Put the session's in-flight chunk into the queue if it ran on the state's inputs
+        bit for bit (waiting for it alone, not for other sessions' flights), else the chunk
+        computed again from them, here.'''
+        v = self.views
+        flight = self._flights.pop(self._session(), None)
+        if flight is not None:
+            self._wait(flight)
+        if flight is None or not self._ran_on(flight.kept, *flight.inputs):
+            flight = self._launch(v['flight_obs'], v['flight_rng'])
+            self._wait(flight)
+        if self._side is not None:          # read here: not reused before it has
+            for t in flight.out.values():
+                t.record_stream(torch.cuda.current_stream(self.device))
+        self._store(flight.out, None if flight.kept else v['flight_obs'])
+        self.prefix_reused += flight.kept
 
     def _ran_on(self, kept, obs, rng, leftover):
         '''Whether a chunk ran on the session's in-flight inputs, bit for bit; one that kept
