@@ -137,8 +137,9 @@ def test_a_launch_queued_behind_a_busy_side_stream_runs_on_its_own_inputs(folder
     """On CUDA a launch returns at once and its chunk may wait on the side stream behind
     other sessions' flights (held busy here for ~0.1 s): the steps after it write the next
     observations and the state meanwhile, and the flight still runs on the inputs of its
-    launch. Each chunk computed once (none again at its landing: its inputs were the
-    state's), the actions a one-robot engine's bit for bit."""
+    launch. At the other launches the current stream is held busy instead: the side stream
+    waits for the launch's copies of its inputs. Each chunk computed once (none again at its
+    landing: its inputs were the state's), the actions a one-robot engine's bit for bit."""
     engine, alone = (_engine(folder, tmp_path / name, 'cuda') for name in ('e', 'a'))
     policy, computed = engine.policy, []
     for graph in policy._guided.values():
@@ -147,7 +148,8 @@ def test_a_launch_queued_behind_a_busy_side_stream_runs_on_its_own_inputs(folder
     for t, o in enumerate(obs):
         left, landing, _ = policy.views['left'].tolist()
         if left == 3 and landing < 0:       # this step launches (threshold 3)
-            with torch.cuda.stream(policy._side):
+            held = policy._side if len(computed) % 2 else torch.cuda.current_stream()
+            with torch.cuda.stream(held):
                 torch.cuda._sleep(int(2e8))
         assert torch.equal(engine.step(o), alone.step(o)), t
     launches = policy.views['rng'][1].item() - 1

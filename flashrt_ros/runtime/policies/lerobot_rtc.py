@@ -144,6 +144,8 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         '''The unguided graphs (KeptPrefixPolicy.capture) and, for real-time chunking, the
         guided ones (the whole chunk, and the denoising steps alone), which read what is left
         of the old chunk from a static buffer.'''
+        if getattr(self, '_side', None) is not None:     # flights may still use the old
+            self._wait()                                    # graphs' buffers
         super().capture(enabled)
         if self.rtc is None:
             return
@@ -252,15 +254,15 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
 
     def _land(self):
         '''Put the session's in-flight chunk into the queue if it ran on the state's inputs
-        bit for bit (waiting for it alone, not for other sessions' flights), else the chunk
-        computed again from them, here.'''
+        bit for bit (waiting for it and the flights queued before it, no later one), else
+        the chunk computed again from them, here.'''
         v = self.views
         flight = self._flights.pop(self._session(), None)
-        if flight is not None:
-            self._wait(flight)
+        # its inputs are copies on this stream: checked without waiting for it, and a stale
+        # one (the state restored since) is not waited for
         if flight is None or not self._ran_on(flight.kept, *flight.inputs):
             flight = self._launch(v['flight_obs'], v['flight_rng'])
-            self._wait(flight)
+        self._wait(flight)
         if self._side is not None:          # read here: not reused before it has
             for t in flight.out.values():
                 t.record_stream(torch.cuda.current_stream(self.device))
