@@ -603,6 +603,35 @@ def test_a_processor_step_the_node_does_not_run_is_refused(tmp_path, side, edit)
         ACTChunkPolicy.from_pretrained(folder)
 
 
+@pytest.mark.parametrize('rename_map', [
+    {'observation.images.top': 'observation.images.wrist',
+     'observation.images.wrist': 'observation.images.top'},
+    {'observation.images.front': 'observation.images.top'}])
+def test_a_rename_map_between_the_models_own_inputs_is_refused(tmp_path, rename_map):
+    """lerobot-train --rename_map saves the map in the pre-processor's rename step, and
+    LeRobot renames every observation's keys with it. The node names its inputs by the
+    model's features: a map that renames one of them (here the two cameras swapped) would
+    swap what the model sees, without an error (an audit measured actions 0.18 apart), so it
+    is refused, naming the map; one from other names (a dataset's) onto the model's changes
+    nothing here, and the actions are LeRobot's bit for bit."""
+    import pathlib
+
+    from flashrt_ros.runtime.policies import ACTChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import act_checkpoint
+    folder = act_checkpoint(tmp_path / 'act')
+    path = pathlib.Path(folder) / 'policy_preprocessor.json'
+    saved = json.loads(path.read_text())
+    (step,) = [s['config'] for s in saved['steps']
+               if s['registry_name'] == 'rename_observations_processor']
+    step['rename_map'] = rename_map
+    path.write_text(json.dumps(saved))
+    if 'observation.images.front' in rename_map:
+        _check_act_equals_lerobots_pipeline(folder, tmp_path)
+        return
+    with pytest.raises(InvalidConfig, match='rename_map'):
+        ACTChunkPolicy.from_pretrained(folder)
+
+
 def test_a_checkpoint_without_processor_files_is_refused_naming_the_migration(tmp_path):
     """LeRobot < 0.4 kept the normalisation in the model, with no processor files: refused
     naming LeRobot's migration script, not with a bare file-not-found."""

@@ -236,8 +236,9 @@ def checkpoint_inputs(folder):
 
 
 # The pre/post-processor steps whose effect the engine reproduces (normalisation, the
-# tokenizer's ids through checkpoint_inputs) or that change no value (renaming keys, batching,
-# moving to a device): any other step would change LeRobot's actions and not the engine's.
+# tokenizer's ids through checkpoint_inputs) or that change no value (renaming keys that are
+# not the model's inputs, batching, moving to a device): any other step would change
+# LeRobot's actions and not the engine's.
 KNOWN_STEPS = {
     'preprocessor': {'rename_observations_processor', 'to_batch_processor', 'device_processor',
                      'normalizer_processor', 'tokenizer_processor', 'smolvla_new_line_processor',
@@ -252,13 +253,17 @@ SWITCHED = {'relative_actions_processor', 'absolute_actions_processor'}
 def processor_steps(folder):
     '''Refuses (InvalidConfig) a checkpoint whose policy_preprocessor.json or
     policy_postprocessor.json holds a step the engine does not reproduce (a crop, a resize, a
-    delta-action map), or a device step that casts the floats (LeRobot's model would see
-    other inputs than the engine's float32 ones): either way LeRobot's actions and the node's
-    would differ without an error. Returns each side's from_pretrained overrides that keep
-    its device step on the CPU: a checkpoint trained on a GPU names cuda there (LeRobot's
-    scripts override it with the run's device), which a CPU machine cannot load; the engine
-    moves what it takes from the processors to its own device.'''
+    delta-action map, a rename of the model's own inputs), or a device step that casts the
+    floats (the model would see other inputs than the engine's float32 ones): either way
+    LeRobot's actions and the node's would differ without an error. Returns each side's
+    from_pretrained overrides that keep its device step on the CPU: a checkpoint trained on a
+    GPU names cuda there (LeRobot's scripts override it with the run's device), which a CPU
+    machine cannot load; the engine moves what it takes from the processors to its device.'''
     overrides = {}
+    try:        # the model's inputs, which the node names its cameras and state by
+        inputs = set(json.loads((Path(folder) / 'config.json').read_text())['input_features'])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidConfig(f'{folder}/config.json: no input_features ({exc!r})') from exc
     for side, known in KNOWN_STEPS.items():
         path = Path(folder) / f'policy_{side}.json'
         if not path.is_file():      # LeRobot < 0.4 kept the normalisation in the model
@@ -280,6 +285,12 @@ def processor_steps(folder):
             if name in SWITCHED and config.get('enabled', True):
                 raise InvalidConfig(f'{path}: step {name!r} is enabled: relative actions are '
                                     'not supported yet')
+            renamed = {k: v for k, v in (config.get('rename_map') or {}).items()
+                       if k != v and k in inputs}
+            if name == 'rename_observations_processor' and renamed:
+                raise InvalidConfig(f'{path}: its rename_map {renamed} feeds what arrives as '
+                                    'an input of the model into another one; the node names '
+                                    'its inputs by the model\'s features: remove those entries')
             if name == 'device_processor':
                 dtype = config.get('float_dtype')
                 if dtype not in (None, 'float32'):
