@@ -727,6 +727,35 @@ def test_token_ids_that_are_not_the_models_are_refused_before_the_state_moves(
     assert torch.equal(engine.step(obs[1]), twin.step(obs[1]))
 
 
+def test_a_diffusion_horizon_shorter_than_its_queue_draws_chunks_as_lerobot(tmp_path):
+    """LeRobot's Diffusion queues the horizon's actions from the current observation on, at
+    most n_action_steps: with n_obs_steps == horizon one a chunk, a chunk every step (its
+    config accepts n_action_steps 3 there). The engine's queue of 3 took that one action
+    three times, without an error (an audit measured actions 1.29 apart); now its queue is
+    as long as LeRobot's and the actions are LeRobot's bit for bit."""
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+
+    from flashrt_ros.runtime.policies import DiffusionChunkPolicy
+    from flashrt_ros.runtime.policies.lerobot_demo import DIFFUSION_SIZES, diffusion_checkpoint
+    from flashrt_ros.runtime.policies.lerobot_diffusion import chunk_seed
+    folder = diffusion_checkpoint(tmp_path / 'd', horizon=4, n_obs_steps=4, n_action_steps=3)
+    reference, (pre, post) = DiffusionPolicy.from_pretrained(folder).eval(), pipeline(folder)
+    engine = PolicyEngine(DiffusionChunkPolicy.from_pretrained(folder, seed=SEED),
+                          device='cpu', capsule_dir=str(tmp_path / 'capsules'))
+    rng, chunks = np.random.default_rng(5), 0
+    for t in range(5):
+        frame = {'observation.state': torch.from_numpy(rng.standard_normal(STATE_DIM)).float(),
+                 **{k: torch.from_numpy(rng.random(s, dtype=np.float32))
+                    for k, s in DIFFUSION_SIZES['demo']['cameras'].items()}}
+        if len(reference._queues['action']) == 0:   # LeRobot draws a chunk: the engine's seed
+            torch.default_generator.manual_seed(chunk_seed(SEED, chunks))
+            chunks += 1
+        want = post(reference.select_action(pre(dict(frame))))[0]
+        got = engine.step(np.concatenate([frame[k].numpy().ravel() for k in frame]))
+        assert torch.equal(got, want), t
+    assert chunks == 5 and engine.policy.views['rng'][1].item() == 5
+
+
 @pytest.mark.parametrize('scheduler', ['DDPM', 'DDIM'])
 @pytest.mark.parametrize('device', DEVICES)
 def test_diffusion_equals_lerobots_pipeline_and_a_capsule_replays(tmp_path, device, scheduler):

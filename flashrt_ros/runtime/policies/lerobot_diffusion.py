@@ -49,6 +49,10 @@ class DiffusionChunkPolicy(LeRobotChunkPolicy):
         cfg = lerobot_policy.config
         super().__init__(lerobot_policy, stats, cameras, seed)
         self.history = self.chunk_inputs = int(cfg.n_obs_steps)
+        # LeRobot queues the horizon's actions from the current observation on, at most
+        # n_action_steps: fewer where n_action_steps > horizon - n_obs_steps + 1 (its config
+        # accepts that; the next chunk then comes sooner)
+        self.steps = min(self.steps, self.chunk - self.history + 1)
         self.order = list(cfg.image_features)       # how LeRobot stacks the cameras
 
     def state_specs(self):
