@@ -264,10 +264,12 @@ class KeptPrefixPolicy(LanguageChunkPolicy):
         same = (obs.view(torch.int32) == v['prefix_obs'].view(torch.int32)).all()
         return same & (v['prefix_ready'] == 1).all()
 
-    def _use_kept_prefix(self):
-        '''The session's kept prefix into the static buffers the denoising steps read.'''
+    def _use_kept_prefix(self, kept=None):
+        '''The session's kept prefix (or `kept`, copies of it by name) into the static buffers
+        the denoising steps read.'''
+        kept = self.views if kept is None else kept
         for name in PREFIX:
-            self._cache[name].copy_(self.views[name])
+            self._cache[name].copy_(kept[name])
 
     def _replay(self, obs):
         '''A chunk; the denoising steps alone when the session's prefix came from obs (its

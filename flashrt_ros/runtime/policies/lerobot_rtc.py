@@ -230,14 +230,14 @@ class RealTimeChunkPolicy(KeptPrefixPolicy):
         v, side = self.views, self._side
         kept = self._prefix_is(obs)
         inputs = (obs.clone(), rng.clone(), v['original'][self.chunk - self.threshold:].clone())
-        prefix = [v[name].clone() for name in PREFIX] if kept else []
+        prefix = {name: v[name].clone() for name in PREFIX} if kept else {}
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.device))
-            for t in (*inputs, *prefix):        # read there: not reused before it has
+            for t in (*inputs, *prefix.values()):   # read there: not reused before it has
                 t.record_stream(side)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            for name, t in zip(PREFIX, prefix):
-                self._cache[name].copy_(t)
+            if kept:
+                self._use_kept_prefix(prefix)
             for graph_input, t in zip((self._chunk_obs, self._chunk_rng, self._leftover),
                                       inputs):
                 graph_input.copy_(t)
